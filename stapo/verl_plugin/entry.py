@@ -1,0 +1,1 @@
+"""Imported by ``import verl`` in every process through the ``verl.plugins`` entry point."""
