@@ -1,0 +1,42 @@
+"""`stapo` command line: one entry point, each sub-command implemented by its own module.
+
+Every sub-command module exposes ``main(argv: list[str]) -> int``; this file only dispatches,
+so importing it stays cheap (no torch / verl import until a command runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("stapo.demo.cli", "train a real small model with STAPO on CPU, with progress and plots"),
+    "plot": ("stapo.demo.plot", "draw reward / entropy / mask-ratio plots from one or more run folders"),
+    "data": ("stapo.data.cli", "prepare DAPO-Math-17k and the six benchmarks in verl's parquet format"),
+    "eval": ("stapo.eval.cli", "avg@N evaluation of a checkpoint on the paper's benchmarks"),
+    "doctor": ("stapo.doctor", "preflight checks of a Ray cluster before a multi-node run"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: stapo <command> [options]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "`stapo <command> --help` describes each command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"stapo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Data preparation: verl parquet converters, synthetic tasks."""
