@@ -1,0 +1,54 @@
+"""Why spurious tokens dominate updates: the logit-gradient norm of one token (spec section 4).
+
+For a per-token objective ``w * log pi(y)``, the gradient w.r.t. the logits ``a`` is
+``w * (e_y - pi)``, so
+
+    ||grad||^2 = w^2 (1 - 2p + sum_v pi(v)^2),      log sum_v pi(v)^2 = LSE(2a) - 2 LSE(a)
+
+and, with entropy H over a vocabulary of size |V|,
+
+    w^2 (1 - 2p + e^-H)  <=  ||grad||^2  <=  w^2 (2 - 2p - C_V H^2),   C_V = (|V|-1) / (|V| (ln|V|)^2).
+
+Low p and low H both push the norm up: the rare confident-context tokens STAPO silences.
+``w`` is ``rho * A`` where the PPO clip is inactive and 0 where it is (no gradient).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def collision_probability(logits: torch.Tensor) -> torch.Tensor:
+    """``sum_v pi(v)^2`` from logits over the last dim, without materialising a second softmax."""
+    logits = logits.to(torch.float64)
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))
+
+
+def logit_grad_norm_sq(logits: torch.Tensor, token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Squared norm of d(w * log pi(y)) / d logits, per token, via the closed form."""
+    log_probs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    p = torch.exp(log_probs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1))
+    return weight.to(torch.float64) ** 2 * (1.0 - 2.0 * p + collision_probability(logits))
+
+
+def grad_norm_bounds(
+    p: torch.Tensor, entropy: torch.Tensor, weight: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lower and upper bounds of the squared logit-gradient norm from (p, H, w) alone."""
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    p, entropy, w2 = p.to(torch.float64), entropy.to(torch.float64), weight.to(torch.float64) ** 2
+    c_v = (vocab_size - 1) / (vocab_size * math.log(vocab_size) ** 2)
+    lower = w2 * (1.0 - 2.0 * p + torch.exp(-entropy))
+    upper = w2 * (2.0 - 2.0 * p - c_v * entropy**2)
+    return lower, upper
+
+
+def effective_pg_weight(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float
+) -> torch.Tensor:
+    """``rho * A`` where the clipped-surrogate gradient flows, 0 where the clip is active."""
+    clipped = ((advantages > 0) & (ratio > 1.0 + clip_ratio_high)) | ((advantages < 0) & (ratio < 1.0 - clip_ratio_low))
+    return torch.where(clipped, torch.zeros_like(ratio), ratio * advantages)

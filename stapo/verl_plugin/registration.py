@@ -1,0 +1,33 @@
+"""Registering STAPO's pieces in verl's registries, and checking that it happened."""
+
+from __future__ import annotations
+
+REQUIRED_LOSSES = ("stapo", "entropy20")
+
+
+def register_all() -> None:
+    """CPU back-end first (it decides the platform before verl modules pick a device), then the
+    policy losses and the trainer. Idempotent: importing a module twice registers nothing twice."""
+    from stapo.verl_plugin.cpu import activate_if_requested
+
+    activate_if_requested()
+    import stapo.verl_plugin.losses  # noqa: F401  (registers "stapo", "entropy20")
+    import stapo.verl_plugin.trainer  # noqa: F401  (registers trainer "stapo")
+
+
+def assert_registered() -> None:
+    """Fail loudly when the plugin did not load in this process (e.g. a stale egg-info shadows it)."""
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    missing = [name for name in REQUIRED_LOSSES if name not in POLICY_LOSS_REGISTRY]
+    if "stapo" not in TRAINER_REGISTRY:
+        missing.append("trainer 'stapo'")
+    if missing:
+        raise RuntimeError(
+            f"STAPO is not registered in verl in this process (missing: {missing}). The package installs a "
+            "'verl.plugins' entry point that `import verl` loads; check that `pip show stapo` lists it, that "
+            "VERL_USE_EXTERNAL_PLUGINS is not 'none', and that no stale stapo*.egg-info or 'stapo' folder "
+            "in the working directory shadows the installed package. Run `python -c \"import "
+            "stapo.verl_plugin.entry\"` to see the import error verl hides."
+        )
