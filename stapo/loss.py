@@ -34,6 +34,8 @@ def clipped_pg_losses(
     """
     if clip_ratio_c <= 1.0:
         raise STAPOConfigError(f"clip_ratio_c must be > 1 (dual-clip constant, paper: 10), got {clip_ratio_c}")
+    # old_log_prob and advantages are data: detached, so only log_prob can carry gradient
+    old_log_prob, advantages = old_log_prob.detach(), advantages.detach()
     log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
