@@ -11,18 +11,17 @@ import numpy as np
 
 
 def reference_spurious(log_prob, entropy, advantages, response_mask, tau_p, q):
-    """Returns (spurious as nested lists of bools, tau_h) with a token-by-token loop."""
-    rows, cols = len(log_prob), len(log_prob[0])
+    """Returns (spurious as nested lists of bools, tau_h) with a token-by-token loop (rows may be ragged)."""
     candidates = []
-    for i in range(rows):
-        for t in range(cols):
+    for i in range(len(log_prob)):
+        for t in range(len(log_prob[i])):
             if not response_mask[i][t]:
                 continue
             adv = advantages[i][t] if isinstance(advantages[i], (list, tuple, np.ndarray)) else advantages[i]
             p = math.exp(float(log_prob[i][t]))
             if adv > 0 and p < tau_p and math.isfinite(float(entropy[i][t])):
                 candidates.append((i, t, float(entropy[i][t])))
-    spurious = [[False] * cols for _ in range(rows)]
+    spurious = [[False] * len(row) for row in log_prob]
     if not candidates:
         return spurious, math.nan
     tau_h = float(np.quantile(np.array([c[2] for c in candidates], dtype=np.float64), q))

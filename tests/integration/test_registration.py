@@ -1,0 +1,127 @@
+"""STAPO is registered in verl in every process, and bad settings fail before any worker starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra.errors import InstantiationException
+from verl.utils.config import omega_conf_to_dataclass
+
+from stapo.validation import STAPOConfigError
+from stapo.verl_plugin.config import STAPOPolicyLossConfig
+from stapo.verl_plugin.trainer import validate_run_config
+from tests.integration.verl_batches import compose_verl, stapo_overrides
+
+CHECK = (
+    "import verl\n"
+    "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+    "from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
+    "get_policy_loss_fn('stapo'); get_policy_loss_fn('entropy20')\n"
+    "print('REGISTERED', get_trainer_cls('stapo').__name__)\n"
+)
+
+
+def test_registered_after_plain_import_verl_in_a_fresh_process():
+    """Only `import verl`: the `verl.plugins` entry point of the installed package does the rest."""
+    out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300, cwd="/")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REGISTERED STAPOTrainer" in out.stdout
+
+
+def test_plugin_switched_off_is_reported_clearly():
+    code = (
+        "import verl\n"
+        "from stapo.verl_plugin.registration import assert_registered\n"
+        "assert_registered()\n"
+    )
+    env = {"VERL_USE_EXTERNAL_PLUGINS": "none", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/", env=env)
+    assert out.returncode != 0
+    assert "STAPO is not registered in verl" in out.stderr
+
+
+def test_registered_inside_a_ray_worker():
+    import tempfile
+
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        runtime_env={"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "auto"}},
+        log_to_driver=False,
+    )
+    try:
+
+        @ray.remote
+        def probe() -> list[str]:
+            import verl  # noqa: F401  (the worker's own import triggers the entry point)
+            from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+            from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+            return sorted(POLICY_LOSS_REGISTRY) + ["trainer:" + name for name in sorted(TRAINER_REGISTRY)]
+
+        names = ray.get(probe.remote(), timeout=240)
+    finally:
+        ray.shutdown()
+    assert {"stapo", "entropy20", "vanilla", "trainer:stapo"} <= set(names)
+
+
+def test_hydra_target_types_the_new_fields():
+    cfg = compose_verl(stapo_overrides(loss_mode="stapo", tau_p=0.003, entropy_quantile=0.8, source="current"))
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert isinstance(actor.policy_loss, STAPOPolicyLossConfig)
+    assert (actor.policy_loss.tau_p, actor.policy_loss.entropy_quantile, actor.policy_loss.source) == (0.003, 0.8, "current")
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("tau_p", 1.5, "actor_rollout_ref.actor.policy_loss.tau_p must be a probability in (0, 1)"),
+        ("tau_p", 0, "actor_rollout_ref.actor.policy_loss.tau_p must be a probability in (0, 1)"),
+        ("entropy_quantile", 0, "actor_rollout_ref.actor.policy_loss.entropy_quantile must be in (0, 1]"),
+        ("entropy_quantile", 1.01, "actor_rollout_ref.actor.policy_loss.entropy_quantile must be in (0, 1]"),
+        ("source", "fresh", "actor_rollout_ref.actor.policy_loss.source must be one of ['old', 'current']"),
+        ("entropy_top_fraction", 0, "entropy_top_fraction must be in (0, 1]"),
+        ("entropy_denominator", "some", "entropy_denominator must be one of ['all', 'kept']"),
+    ],
+)
+def test_out_of_range_values_are_rejected_with_the_key_and_range(field, value, message):
+    cfg = compose_verl(stapo_overrides(loss_mode="stapo", **{field: value}))
+    with pytest.raises(STAPOConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        validate_run_config(cfg)
+    with pytest.raises(InstantiationException, match=field):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def test_source_current_without_entropy_says_how_to_turn_it_on():
+    cfg = compose_verl(stapo_overrides(loss_mode="stapo", source="current"))
+    with pytest.raises(STAPOConfigError, match="calculate_entropy=true"):
+        validate_run_config(cfg)
+    cfg = compose_verl(stapo_overrides(loss_mode="stapo", source="current") + ["actor_rollout_ref.actor.calculate_entropy=true"])
+    validate_run_config(cfg)
+
+
+@pytest.mark.parametrize("agg", ["token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_current_source_refuses_other_aggregations_old_accepts_them(agg):
+    current = stapo_overrides(loss_mode="stapo", source="current") + [
+        "actor_rollout_ref.actor.calculate_entropy=true",
+        f"actor_rollout_ref.actor.loss_agg_mode={agg}",
+    ]
+    with pytest.raises(STAPOConfigError, match="token-mean only"):
+        validate_run_config(compose_verl(current))
+    validate_run_config(compose_verl(stapo_overrides(loss_mode="stapo", source="old") + [f"actor_rollout_ref.actor.loss_agg_mode={agg}"]))
+
+
+def test_bypass_mode_contradicts_source_old():
+    cfg = compose_verl(stapo_overrides(loss_mode="stapo") + ["algorithm.rollout_correction.bypass_mode=true"])
+    with pytest.raises(STAPOConfigError, match="bypass_mode"):
+        validate_run_config(cfg)
+
+
+def test_vanilla_runs_are_not_checked_for_stapo_fields():
+    validate_run_config(compose_verl(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]))
