@@ -1,0 +1,1 @@
+"""The embedded default: what STAPO does, shown on a real small model on a CPU."""
