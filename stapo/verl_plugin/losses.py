@@ -97,12 +97,28 @@ def _clipped_loss(old_log_prob, log_prob, advantages, mask, loss_agg_mode, confi
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
     loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(_nonfinite_report(loss, old_log_prob, log_prob, advantages, mask))
     metrics = {
         "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
         "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
         "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
     }
     return loss, metrics
+
+
+def _nonfinite_report(loss, old_log_prob, log_prob, advantages, mask) -> str:
+    """Fail the step loudly, with the statistics a user needs, rather than apply a NaN update."""
+    mask = mask.bool()
+    counts = {
+        name: int((mask & ~torch.isfinite(tensor)).sum())
+        for name, tensor in (("log_prob", log_prob), ("old_log_prob", old_log_prob), ("advantages", advantages))
+    }
+    return (
+        f"policy loss is {float(loss.detach())} on this micro-batch: non-finite values among its {int(mask.sum())} "
+        f"loss tokens: {counts}; the update is refused (check the reward, the advantage estimator and the "
+        "rollout/actor log-probs of this batch)"
+    )
 
 
 @register_policy_loss("stapo")

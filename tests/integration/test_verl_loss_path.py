@@ -170,3 +170,12 @@ def test_stapo_loss_refuses_to_run_without_the_stapo_trainer():
         ppo_loss(config, model_output, data)  # verl's stock loss function: no STAPO context
     with pytest.raises(RuntimeError, match="no folded S2T mask"):
         run_micro_batches(STAPOLossFn(config), rows, prompt_lens, [2], sum(lengths), folded=False)
+
+
+def test_non_finite_loss_fails_the_step_with_statistics():
+    rows, lengths, prompt_lens = random_rows(2, count=3)
+    rows["response_mask"] = [torch.ones(n, dtype=torch.long) for n in lengths]
+    rows["loss_mask"] = rows["response_mask"]
+    rows["advantages"][1][0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"'advantages': 1"):
+        run_micro_batches(STAPOLossFn(actor_config(loss_mode="stapo", source="old")), rows, prompt_lens, [3], sum(lengths))
