@@ -25,6 +25,7 @@ from verl.workers.utils.padding import response_to_nested
 from stapo.loss import high_entropy_keep_mask
 from stapo.s2t import detect_spurious, s2t_diagnostics
 from stapo.validation import STAPOConfigError, validate_actor
+from stapo.verl_plugin.config import TARGET
 from stapo.verl_plugin.losses import MASK_FOLDED_KEY, METRIC_PREFIX, STAPOLossFn
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,13 @@ def validate_run_config(config) -> None:
     actor = config.actor_rollout_ref.actor
     validate_actor(actor)
     loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
+    target = actor.policy_loss.get("_target_", None)
+    if loss_mode in ("stapo", "entropy20") and target != TARGET:
+        raise STAPOConfigError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} needs "
+            f"actor_rollout_ref.actor.policy_loss._target_={TARGET} (got {target}): it types tau_p, "
+            "entropy_quantile, source, ... and makes every worker import the plugin; algo=stapo sets it"
+        )
     needs_old_pass = loss_mode == "entropy20" or (
         loss_mode == "stapo" and actor.policy_loss.get("source", "old") == "old"
     )
@@ -66,9 +74,10 @@ class STAPOTrainer(PPOTrainerSync):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         validate_run_config(self.config)
-        policy_loss = self.config.actor_rollout_ref.actor.policy_loss
-        self._loss_mode = policy_loss.get("loss_mode", "vanilla")
-        self._source = policy_loss.get("source", "old")
+        # typed, with the dataclass defaults for keys the yaml leaves out
+        self._policy_loss = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor.policy_loss)
+        self._loss_mode = self._policy_loss.loss_mode
+        self._source = getattr(self._policy_loss, "source", "old")
 
     def _setup(self):
         super()._setup()
@@ -107,7 +116,7 @@ class STAPOTrainer(PPOTrainerSync):
 
     def _build_drop_mask(self, padded) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """(drop from response_mask, drop from loss_mask, metrics) over the whole batch."""
-        policy_loss = self.config.actor_rollout_ref.actor.policy_loss
+        policy_loss = self._policy_loss
         response_mask = padded["response_mask"].bool()
         entropy = padded["entropy"].float()
         if self._loss_mode == "stapo":

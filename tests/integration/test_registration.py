@@ -125,3 +125,9 @@ def test_bypass_mode_contradicts_source_old():
 
 def test_vanilla_runs_are_not_checked_for_stapo_fields():
     validate_run_config(compose_verl(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]))
+
+
+def test_stapo_loss_mode_without_the_typed_config_is_refused():
+    cfg = compose_verl(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.policy_loss.loss_mode=stapo"])
+    with pytest.raises(STAPOConfigError, match="_target_=stapo.verl_plugin.config.STAPOPolicyLossConfig"):
+        validate_run_config(cfg)
