@@ -1,0 +1,67 @@
+"""A small synthetic math task in verl's parquet format, generated deterministically.
+
+Rows carry what verl's RL dataset and reward manager read: ``data_source``, ``prompt`` (chat
+messages), ``ability``, ``reward_model.ground_truth`` and ``extra_info``. Answers are integers
+the model must put in ``\\boxed{}``.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+DATA_SOURCE = "stapo/synthetic_arithmetic"
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def make_problem(rng: random.Random, max_operand: int) -> tuple[str, str]:
+    """One question and its answer: additions, subtractions and small multiplications."""
+    a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+    kind = rng.choice(("+", "-", "*"))
+    if kind == "*":
+        a, b = rng.randint(2, 12), rng.randint(2, 12)
+        return f"What is {a} times {b}?", str(a * b)
+    if kind == "-":
+        a, b = max(a, b), min(a, b)
+        return f"What is {a} minus {b}?", str(a - b)
+    return f"What is {a} plus {b}?", str(a + b)
+
+
+def make_rows(count: int, split: str, seed: int, max_operand: int = 50) -> list[dict]:
+    rng = random.Random(f"{seed}-{split}")
+    rows = []
+    for index in range(count):
+        question, answer = make_problem(rng, max_operand)
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": answer},
+                "extra_info": {"split": split, "index": index, "question": question},
+            }
+        )
+    return rows
+
+
+def corpus_text(rows: list[dict]) -> list[str]:
+    """Text a tokenizer for this task should cover: prompts and plausible answers."""
+    texts = [row["prompt"][0]["content"] for row in rows]
+    texts += [f"The answer is \\boxed{{{row['reward_model']['ground_truth']}}}." for row in rows]
+    return texts
+
+
+def write_parquet(out_dir: str | Path, train: int = 256, val: int = 64, seed: int = 0) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` (disjoint seeds per split) and return their paths."""
+    import pandas as pd
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, count in (("train", train), ("val", val)):
+        path = out_dir / f"{split}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        pd.DataFrame(make_rows(count, split, seed)).to_parquet(tmp)
+        tmp.replace(path)  # readers never see a half-written file
+        paths.append(path)
+    return paths[0], paths[1]

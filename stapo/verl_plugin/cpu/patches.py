@@ -1,0 +1,61 @@
+"""The few places where verl 0.9.1 assumes an accelerator and offers no registry to say otherwise.
+
+Each patch replaces one module attribute, is applied only when the CPU back-end is active, and
+names the verl line it stands in for. Nothing here edits verl's files.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+
+
+def init_gloo_process_group(timeout_second=None, backend=None):
+    """Stands in for verl.utils.distributed.initialize_global_process_group_ray (~line 83), which
+    builds the backend string ``cpu:gloo,cpu:gloo`` on a CPU device; torch rejects the duplicate."""
+    if torch.distributed.is_initialized():
+        return
+    torch.distributed.init_process_group(
+        backend="gloo",
+        rank=int(os.environ.get("RANK", 0)),
+        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        timeout=timedelta(seconds=timeout_second) if timeout_second is not None else None,
+        init_method=os.environ.get("DIST_INIT_METHOD", None),
+    )
+
+
+def _unpinned_offload_policy(policy_cls):
+    """verl's FSDP2 reference engine hard-codes CPUOffloadPolicy(pin_memory=True) (fsdp/transformer_impl.py
+    ~line 462); pinning needs an accelerator."""
+
+    def make(*args, **kwargs):
+        kwargs["pin_memory"] = False
+        return policy_cls(*args, **kwargs)
+
+    return make
+
+
+def apply() -> None:
+    import verl.checkpoint_engine.base as checkpoint_base
+    import verl.utils.distributed as distributed
+    import verl.workers.engine_workers as engine_workers
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl
+
+    for module in (distributed, engine_workers, checkpoint_base):
+        module.initialize_global_process_group_ray = init_gloo_process_group
+
+    if not getattr(transformer_impl, "_stapo_cpu_patched", False):
+        transformer_impl.CPUOffloadPolicy = _unpinned_offload_policy(transformer_impl.CPUOffloadPolicy)
+        transformer_impl._stapo_cpu_patched = True
+
+    # the FSDP engines register for cuda/npu only (transformer_impl.py ~1143, ~1594)
+    for model_type, engine_cls in (
+        ("language_model", transformer_impl.FSDPEngineWithLMHead),
+        ("value_model", transformer_impl.FSDPEngineWithValueHead),
+    ):
+        registered = EngineRegistry._engines.get(model_type, {})
+        if "cpu" not in registered.get("fsdp2", {}):
+            EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(engine_cls)
