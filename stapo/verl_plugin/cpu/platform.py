@@ -35,7 +35,8 @@ class _CPUDeviceModule(types.SimpleNamespace):
             max_memory_allocated=lambda *a, **k: 0,
             max_memory_reserved=lambda *a, **k: 0,
             mem_get_info=lambda *a, **k: (0, 0),
-            current_device=lambda: 0,
+            current_device=lambda: "cpu",
+            get_device_name=lambda *a, **k: "CPU",
             device_count=lambda: 1,
             is_available=lambda: True,
             manual_seed=torch.manual_seed,
@@ -78,8 +79,9 @@ class PlatformStapoCPU(PlatformBase):
     def is_platform_available(self, use_smi_check=False) -> bool:
         return False  # only chosen explicitly, so a GPU machine never lands here by detection
 
-    def current_device(self) -> int:
-        return 0
+    def current_device(self) -> str:
+        # verl passes this to .to(device=...) and device_id=; an int would mean "accelerator 0"
+        return "cpu"
 
     def device_count(self) -> int:
         return 1

@@ -60,7 +60,7 @@ class HFGenerationServer:
 
     async def load_weights(self, state: dict[str, torch.Tensor]) -> int:
         """Replace the weights with the actor's; refuses names the model does not have."""
-        own = dict(self.model.named_parameters())
+        own = self.model.state_dict(keep_vars=True)  # includes tied names such as lm_head.weight
         unknown = sorted(set(state) - set(own))
         if unknown:
             raise KeyError(f"rollout model has no parameters named {unknown[:5]} (of {len(unknown)})")
@@ -203,7 +203,7 @@ class HFReplica(RolloutReplica):
             max_concurrency=self.max_concurrency,
             num_cpus=0,
         ).remote(
-            model_path=self.model_config.local_path,
+            model_path=self.model_config.get("local_path", None) or self.model_config.path,
             response_length=self.config.response_length,
             prompt_length=self.config.prompt_length,
             dtype=self.config.dtype if self.config.dtype in ("float32", "bfloat16", "float16") else "float32",

@@ -1,0 +1,78 @@
+"""verl's PPO entry point with STAPO: ``python -m recipe.stapo.main_stapo key=value ...``.
+
+Composes ``conf/stapo_trainer.yaml`` (verl's ``ppo_trainer`` + an ``algo`` and a ``model_preset``),
+resolves this recipe's own keys (``stapo.*`` and ``stapo://`` model paths), checks every STAPO
+setting before Ray starts, and then runs verl's own ``run_ppo`` with verl's v1 task runner.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
+CPU_FLAG = "STAPO_CPU_BACKEND"
+
+
+def resolve_model_path(path: str) -> str:
+    """``stapo://tiny`` and ``stapo://smollm2`` are built or converted locally; anything else is verl's."""
+    if path == "stapo://tiny":
+        from stapo.models.tiny import build_tiny_model
+
+        return build_tiny_model()
+    if path == "stapo://smollm2":
+        from stapo.models.smollm2 import smollm2_path
+
+        return smollm2_path()
+    if path.startswith("stapo://"):
+        raise ValueError(f"actor_rollout_ref.model.path={path!r}: known local models are stapo://tiny, stapo://smollm2")
+    return path
+
+
+def prepare(config: DictConfig) -> DictConfig:
+    """Everything that must happen on the driver before verl: local model, data, checks."""
+    from stapo.verl_plugin.registration import assert_registered
+    from stapo.verl_plugin.trainer import validate_run_config
+
+    if config.trainer.device == "cpu":
+        # the driver already imported verl: turn the CPU back-end on here too (workers get the
+        # flag through ray_kwargs.ray_init.runtime_env.env_vars)
+        os.environ[CPU_FLAG] = "1"
+        from stapo.verl_plugin.cpu import activate_if_requested
+
+        activate_if_requested()
+    assert_registered()
+    validate_run_config(config)
+    with open_dict(config):
+        config.actor_rollout_ref.model.path = resolve_model_path(config.actor_rollout_ref.model.path)
+        data_dir = config.stapo.get("synthetic_data_dir")
+        if data_dir:
+            from stapo.data.synthetic import write_parquet
+
+            train, val = Path(data_dir) / "train.parquet", Path(data_dir) / "val.parquet"
+            if not (train.exists() and val.exists()):
+                write_parquet(data_dir, config.stapo.synthetic_train_rows, config.stapo.synthetic_val_rows)
+    # resolve here: ${hydra:...} and ${oc.env:...} mean the driver's values, the remote has no Hydra
+    OmegaConf.resolve(config)
+    return config
+
+
+@hydra.main(config_path=CONF_DIR, config_name="stapo_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    config = prepare(config)
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    print(OmegaConf.to_yaml(config.actor_rollout_ref.actor.policy_loss), flush=True)
+    run_ppo(config, task_runner_class=TaskRunnerV1)
+
+
+if __name__ == "__main__":
+    main()
