@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# STAPO on Qwen3-14B-Base with the paper's recipe (8 nodes x 8 GPUs, vLLM), from a Ray head node.
+# Extra Hydra overrides pass through, e.g.:  ALGO=grpo bash recipe/stapo/run_qwen3_14b.sh trainer.nnodes=4
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+exec python -m recipe.stapo.main_stapo model_preset=qwen3_14b algo="${ALGO:-stapo}" "$@"
