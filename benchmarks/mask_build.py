@@ -26,7 +26,10 @@ def paper_batch(responses: int, max_len: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(max_len // 15, max_len + 1, (responses,), generator=g)
     mask = torch.arange(max_len).unsqueeze(0) < lengths.unsqueeze(1)
-    log_prob = -torch.empty(responses, max_len).exponential_(3.0, generator=g)  # most tokens confident
+    # most tokens confident; about 1% sampled far below tau_p (the tail S2T looks at)
+    log_prob = -torch.empty(responses, max_len).exponential_(3.0, generator=g)
+    tail = torch.rand(responses, max_len, generator=g) < 0.01
+    log_prob[tail] = torch.empty(int(tail.sum())).uniform_(-14.0, -6.3, generator=g)
     entropy = torch.empty(responses, max_len).exponential_(1.0, generator=g)
     adv = torch.where(torch.rand(responses, generator=g) < 0.5, 1.0, -1.0).unsqueeze(1).expand(-1, max_len)
     return log_prob, entropy, adv, mask

@@ -16,6 +16,24 @@ import torch
 from benchmarks import loss_path, mask_build
 
 ROOT = Path(__file__).resolve().parents[1]
+NOTES = """
+## Reading the figures
+
+- `stapo/old` is verl's vanilla objective over the mask the trainer folded in: the same work as
+  `vanilla`, so its ratio is 1 within the noise of this machine. No tensor of vocabulary size is
+  created anywhere in the STAPO path: the loss and the mask see per-token tensors only
+  (log-probs, entropies, advantages, masks), which is what the shapes in `stapo/s2t.py` say.
+- `stapo/current` adds detection and its diagnostics to every micro-batch (exp, compares, a few
+  exact quantiles, host syncs): about twice the cost of the loss function itself, a few ms per
+  32k tokens on this CPU, against seconds of model forward and backward for the same tokens.
+  Prefer `source: old` unless you need the paper-literal current-policy detection.
+- Mask building for `source: old` runs once per step on the driver; at the paper's batch size it is
+  about 1e-4 of the old-log-prob pass verl runs anyway (estimated from a 135M model on this CPU, so
+  a generous upper bound of the ratio for the paper's 1.7B-14B models).
+- Not measured yet: seconds per step of the tiny CPU trainer with `algo=stapo` against
+  `algo=justrl`, the entropy cost of `source: current` at vocabulary 151,936, and GPU figures
+  (no GPU was available to the session that wrote this file).
+"""
 
 
 def machine() -> str:
@@ -81,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             "Timings on this shared 2-core machine are noisy: see the spread column (max - min over median).",
             "",
         ]
-        (ROOT / "BENCHMARKS.md").write_text("\n".join(header) + report + "\n")
+        (ROOT / "BENCHMARKS.md").write_text("\n".join(header) + report + "\n" + NOTES)
     return 0
 
 

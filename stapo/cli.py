@@ -34,8 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"stapo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    from stapo.validation import STAPOConfigError
+
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except STAPOConfigError as error:  # a bad setting is the user's to fix: no traceback
+        print(f"stapo {name}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -34,4 +34,5 @@ def test_demo_rejects_bad_settings_before_loading_anything():
         [sys.executable, "-m", "stapo.cli", "demo", "--tau-p", "2"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode != 0
-    assert "--tau_p must be a probability in (0, 1)" in proc.stderr
+    assert "stapo demo: error: --tau_p must be a probability in (0, 1)" in proc.stderr
+    assert "Traceback" not in proc.stderr
