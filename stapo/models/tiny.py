@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from stapo.models.cache import build_once
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -97,21 +97,7 @@ def _build(target: Path) -> None:
 
 
 def build_tiny_model(cache_dir: str | Path | None = None) -> str:
-    """Path of the tiny checkpoint, building it once (atomically: temp dir, then rename)."""
+    """Path of the tiny checkpoint, built once per settings hash and cached."""
     key = hashlib.sha256(json.dumps(SETTINGS, sort_keys=True).encode()).hexdigest()[:12]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"tiny-qwen3-{key}"
-    if (target / "stapo_tiny.json").exists():
-        return str(target)
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
-    try:
-        _build(staging)
-        try:
-            staging.rename(target)
-        except OSError:  # another process won the race: its copy is identical
-            shutil.rmtree(staging, ignore_errors=True)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+    return build_once(root / f"tiny-qwen3-{key}", "stapo_tiny.json", _build)

@@ -1,0 +1,41 @@
+"""The local model builders: deterministic, cached, atomic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from stapo.models.cache import build_once
+from stapo.models.tiny import SETTINGS, build_tiny_model
+
+
+def test_tiny_model_is_deterministic_and_cached(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    first = build_tiny_model(tmp_path / "a")
+    second = build_tiny_model(tmp_path / "b")
+    assert build_tiny_model(tmp_path / "a") == first  # cached: same folder, not rebuilt
+    assert json.loads((Path(first) / "stapo_tiny.json").read_text()) == SETTINGS
+    a = AutoModelForCausalLM.from_pretrained(first).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(second).state_dict()
+    assert all((a[k] == b[k]).all() for k in a)
+    tokenizer = AutoTokenizer.from_pretrained(first)
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 plus 3?"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_build_once_leaves_no_partial_folder_when_the_build_fails(tmp_path):
+    def broken(folder: Path) -> None:
+        (folder / "half.bin").write_text("x")
+        raise RuntimeError("disk full")
+
+    try:
+        build_once(tmp_path / "model", "done.txt", broken)
+    except RuntimeError:
+        pass
+    assert list(tmp_path.iterdir()) == []
+    calls = []
+    path = build_once(tmp_path / "model", "done.txt", lambda f: (calls.append(1), (f / "done.txt").write_text("ok")))
+    assert build_once(tmp_path / "model", "done.txt", lambda f: calls.append(2)) == path and calls == [1]
