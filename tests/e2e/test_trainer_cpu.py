@@ -95,3 +95,24 @@ def test_bad_setting_fails_before_ray_starts(tmp_path):
     assert "actor_rollout_ref.actor.policy_loss.tau_p must be a probability in (0, 1)" in run.log
     assert "ray init kwargs" not in run.log  # rejected on the driver, no worker was started
 
+
+
+def test_source_current_detects_inside_the_update_across_two_ranks(tmp_path):
+    """Paper-literal detection: entropy from the update forward, threshold over both DP ranks."""
+    run = run_recipe(
+        [
+            "algo=stapo",
+            "actor_rollout_ref.actor.policy_loss.source=current",
+            "actor_rollout_ref.actor.calculate_entropy=true",
+            "trainer.n_gpus_per_node=2",
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=-1",
+        ],
+        tmp_path / "ckpt",
+    )
+    _assert_ok(run, [1, 2])
+    metrics = [run.steps[s] for s in (1, 2)]
+    assert all("actor/stapo/tau_h" in m for m in metrics)
+    # the global count is the same on both ranks and at least each rank's own
+    assert all(m["actor/stapo/num_candidates"] >= m["actor/stapo/num_candidates_local"] for m in metrics)
+    assert any(m["actor/stapo/num_spurious"] > 0 for m in metrics), metrics
