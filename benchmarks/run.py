@@ -30,9 +30,8 @@ NOTES = """
 - Mask building for `source: old` runs once per step on the driver; at the paper's batch size it is
   about 1e-4 of the old-log-prob pass verl runs anyway (estimated from a 135M model on this CPU, so
   a generous upper bound of the ratio for the paper's 1.7B-14B models).
-- Not measured yet: seconds per step of the tiny CPU trainer with `algo=stapo` against
-  `algo=justrl`, the entropy cost of `source: current` at vocabulary 151,936, and GPU figures
-  (no GPU was available to the session that wrote this file).
+- Not measured yet: the entropy cost of `source: current` at vocabulary 151,936 (verl's plain and
+  chunked entropy), and GPU figures (no GPU was available to the session that wrote this file).
 """
 
 
@@ -53,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds), for smoke tests")
     parser.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md with these figures")
+    parser.add_argument("--e2e", action="store_true", help="also time the real tiny CPU trainer (about 10 min)")
     args = parser.parse_args(argv)
 
     lines = []
@@ -86,6 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     for world in (2,) if args.quick else (2, 3, 4):
         q = mask_build.time_dp_quantile(world, per_rank)
         lines.append(f"| {world} | {per_rank:,} | {1000 * q['global_seconds']:.1f} | {1000 * q['local_seconds']:.1f} |")
+
+    if not args.e2e:
+        lines += ["", "(End-to-end seconds per step not measured in this run: add `--e2e`.)"]
+    if args.e2e:
+        from benchmarks import e2e_step
+
+        e2e = e2e_step.run()
+        lines += ["", "## End to end: seconds per step of the tiny CPU trainer (steps 2-4, 3 runs each)", "",
+                  "| algo=stapo s/step | algo=justrl s/step | ratio | samples stapo | samples justrl |",
+                  "|---|---|---|---|---|",
+                  f"| {e2e['stapo_s']:.2f} | {e2e['justrl_s']:.2f} | {e2e['ratio']:.3f} | "
+                  f"{', '.join(f'{x:.2f}' for x in e2e['samples']['stapo'])} | "
+                  f"{', '.join(f'{x:.2f}' for x in e2e['samples']['justrl'])} |"]
 
     report = "\n".join(lines)
     print(report)
