@@ -7,14 +7,12 @@ setting before Ray starts, and then runs verl's own ``run_ppo`` with verl's v1 t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 CONF_DIR = str(Path(__file__).resolve().parents[2] / "conf")
-CPU_FLAG = "STAPO_CPU_BACKEND"
 
 
 def resolve_model_path(path: str) -> str:
@@ -34,16 +32,13 @@ def resolve_model_path(path: str) -> str:
 
 def prepare(config: DictConfig) -> DictConfig:
     """Everything that must happen on the driver before verl: local model, data, checks."""
+    from stapo.verl_plugin.cpu import enable_for_run
     from stapo.verl_plugin.registration import assert_registered
     from stapo.verl_plugin.trainer import validate_run_config
 
-    if config.trainer.device == "cpu":
-        # the driver already imported verl: turn the CPU back-end on here too (workers get the
-        # flag through ray_kwargs.ray_init.runtime_env.env_vars)
-        os.environ[CPU_FLAG] = "1"
-        from stapo.verl_plugin.cpu import activate_if_requested
-
-        activate_if_requested()
+    # the driver already imported verl: the CPU back-end is switched on here (when asked, or for
+    # trainer.device=cpu without CUDA) and passed to the workers through Ray's runtime env
+    enable_for_run(config)
     assert_registered()
     validate_run_config(config)
     with open_dict(config):

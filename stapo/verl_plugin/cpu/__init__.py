@@ -1,8 +1,10 @@
 """CPU back-end for verl: a platform (device cpu, gloo), FSDP2 engines on cpu, an HF-generate rollout.
 
 Active only when asked: ``STAPO_CPU_BACKEND=1`` in the environment of every process (the tiny and
-smollm2 presets put it in Ray's runtime env and ``main_stapo`` sets it in the driver). A GPU
-machine therefore never runs on it by accident. The HF rollout is registered in every case
+smollm2 presets put it in Ray's runtime env and ``main_stapo`` sets it in the driver), or, for a
+run of ``main_stapo``, ``trainer.device=cpu`` on a machine without a CUDA device (the driver then
+sets the flag for itself and for the workers, see ``enable_for_run``). A GPU machine therefore
+never runs on it by accident. The HF rollout is registered in every case
 (``actor_rollout_ref.rollout.name=stapo_hf``); it is a plain verl rollout back-end.
 """
 
@@ -26,6 +28,44 @@ def register_rollout() -> None:
     # verl has no public registration call for adapters: its registry is this module-level dict
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "stapo.verl_plugin.cpu.rollout.HFServerAdapter"
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
+
+
+def _runtime_env_flag(config) -> str | None:
+    env_vars = (((config.get("ray_kwargs") or {}).get("ray_init") or {}).get("runtime_env") or {}).get("env_vars")
+    value = (env_vars or {}).get(ENV_FLAG)
+    return None if value is None else str(value)
+
+
+def enable_for_run(config) -> bool:
+    """Driver side, before Ray starts: decide whether this run uses the CPU back-end.
+
+    Asked for when ``STAPO_CPU_BACKEND=1`` is in the driver's environment or in the config's Ray
+    runtime env, or when ``trainer.device=cpu`` and this machine has no CUDA device. When asked,
+    the flag is set in this process and written into ``ray_kwargs.ray_init.runtime_env.env_vars``
+    (every Ray worker imports verl, and with it this package, under that environment), and the
+    back-end is activated in the driver. ``trainer.device=cpu`` on a CUDA machine without the flag
+    is refused: the CPU back-end replaces verl's platform and is never chosen by accident there.
+    """
+    import torch
+    from omegaconf import OmegaConf
+
+    device = config.trainer.get("device", "cuda")
+    asked = requested() or _runtime_env_flag(config) == "1"
+    if not asked and device == "cpu":
+        if torch.cuda.is_available():
+            raise RuntimeError(
+                "trainer.device=cpu on a machine with a CUDA device: the STAPO CPU back-end (gloo, HF-generate "
+                f"rollout) only runs there when asked; set {ENV_FLAG}=1 to force it, or use trainer.device=cuda"
+            )
+        asked = True
+    if not asked:
+        return False
+    if device != "cpu":
+        raise RuntimeError(f"{ENV_FLAG}=1 runs verl on the CPU: it needs trainer.device=cpu (got {device!r})")
+    os.environ[ENV_FLAG] = "1"
+    OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}", "1", force_add=True)
+    activate_if_requested()
+    return True
 
 
 def activate_if_requested() -> None:

@@ -1,0 +1,57 @@
+"""When the CPU back-end switches itself on for a run (driver side), and when it refuses to."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import stapo.verl_plugin.cpu as cpu
+
+
+@pytest.fixture
+def activations(monkeypatch):
+    """Record activations instead of replacing this test process's verl platform."""
+    calls = []
+    monkeypatch.setattr(cpu, "activate_if_requested", lambda: calls.append(True))
+    monkeypatch.setenv(cpu.ENV_FLAG, "0")
+    return calls
+
+
+def _config(device: str, env_vars: dict | None = None):
+    ray_init = {"num_cpus": 16} if env_vars is None else {"runtime_env": {"env_vars": env_vars}}
+    config = OmegaConf.create({"trainer": {"device": device}, "ray_kwargs": {"ray_init": ray_init}})
+    OmegaConf.set_struct(config, True)  # as Hydra hands it over
+    return config
+
+
+def test_cpu_device_without_cuda_turns_it_on_for_driver_and_workers(activations, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = _config("cpu")
+    assert cpu.enable_for_run(config) is True
+    assert activations == [True] and cpu.requested()
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars[cpu.ENV_FLAG] == "1"
+    assert config.ray_kwargs.ray_init.num_cpus == 16  # nothing else touched
+
+
+def test_gpu_run_is_left_alone(activations, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = _config("cuda")
+    assert cpu.enable_for_run(config) is False
+    assert activations == [] and not cpu.requested()
+    assert "runtime_env" not in config.ray_kwargs.ray_init
+
+
+def test_cpu_device_on_a_cuda_machine_needs_the_flag(activations, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(RuntimeError, match="STAPO_CPU_BACKEND=1 to force it"):
+        cpu.enable_for_run(_config("cpu"))
+    assert activations == []
+    # asked through the preset's runtime env (as model_preset=tiny does): allowed
+    assert cpu.enable_for_run(_config("cpu", {cpu.ENV_FLAG: "1"})) is True
+
+
+def test_flag_with_a_cuda_device_setting_is_refused(activations, monkeypatch):
+    monkeypatch.setenv(cpu.ENV_FLAG, "1")
+    with pytest.raises(RuntimeError, match="needs trainer.device=cpu"):
+        cpu.enable_for_run(_config("cuda"))
