@@ -34,7 +34,7 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced: no answer
 
 
-_REMOVE = [r"\left", r"\right", r"\!", r"\,", r"\;", r"\ ", "$", r"^\circ", r"^{\circ}", "\\%", "%"]
+_REMOVE = [r"\left", r"\right", r"\!", r"\,", r"\;", r"\ ", "\\$", "$", r"^\circ", r"^{\circ}", "\\%", "%"]
 
 
 def normalize_answer(answer: str) -> str:

@@ -1,0 +1,81 @@
+"""The paper's strict reward on real-looking model outputs (both signs), and its bounded cost."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from stapo.reward import compute_score, last_boxed, normalize_answer
+
+CASES = [
+    # (model output, ground truth, correct?)
+    ("So the answer is \\boxed{42}.", "42", True),
+    ("The answer is \\boxed{42}", "41", False),
+    ("First I thought \\boxed{12}, but recomputing: \\boxed{13}", "13", True),
+    ("First I thought \\boxed{13}, but recomputing: \\boxed{12}", "13", False),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", True),
+    ("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", True),
+    ("\\boxed{\\tfrac12}", "\\frac{1}{2}", True),
+    ("\\boxed{\\frac{3}{4}}", "\\frac{1}{2}", False),
+    ("\\boxed{\\sqrt{\\frac{2}{3}}}", "\\sqrt{\\frac{2}{3}}", True),
+    ("nested: \\boxed{{a}^{2} + {b}^{2}}", "{a}^{2}+{b}^{2}", True),
+    ("\\boxed 7", "7", True),
+    ("\\boxed 7 apples", "7", True),
+    ("\\boxed{1,000}", "1000", True),
+    ("\\boxed{1,000,000}", "1000000", True),
+    ("\\boxed{(1,2)}", "(1,2)", True),
+    ("\\boxed{\u22125}", "-5", True),
+    ("\\boxed{-5}", "5", False),
+    ("\\boxed{50\\%}", "50", True),
+    ("\\boxed{50}", "50\\%", True),
+    ("\\boxed{90^\\circ}", "90", True),
+    ("\\boxed{\\text{(B)}}", "(B)", True),
+    ("\\boxed{ 3 }", "3", True),
+    ("\\boxed{3.0}", "3", True),
+    ("\\boxed{3.5}", "3", False),
+    ("\\boxed{[0, 1)}", "[0,1)", True),
+    ("\\boxed{\\left[0, 1\\right)}", "[0,1)", True),
+    ("\\boxed{(0, 1]}", "[0,1)", False),
+    ("$\\boxed{12}$.", "12", True),
+    ("\\boxed{x = 4}", "4", False),
+    ("<think>maybe \\boxed{5}</think> The answer is \\boxed{6}", "6", True),
+    ("<think>maybe \\boxed{5}</think> The answer is 6", "5", False),
+    ("no box here, the answer is 42", "42", False),
+    ("", "42", False),
+    ("\\boxed{", "42", False),
+    ("\\boxed{42", "42", False),
+    ("\\boxed{\\frac{1}{2}", "\\frac{1}{2}", False),
+    ("answer: \\boxed{2^{10}}", "2^{10}", True),
+    ("\\boxed{\\pi}", "\\pi", True),
+    ("\\boxed{2\\pi}", "\\pi", False),
+    ("\\boxed{\\$5}", "5", True),
+]
+
+
+@pytest.mark.parametrize("output, truth, correct", CASES)
+def test_strict_reward_table(output, truth, correct):
+    result = compute_score("math", output, truth)
+    assert result["score"] == (1.0 if correct else -1.0), (output, truth, last_boxed(output))
+    assert result["acc"] == float(correct)
+
+
+def test_both_signs_are_well_represented():
+    signs = [c for _, _, c in CASES]
+    assert sum(signs) >= 15 and len(signs) - sum(signs) >= 12
+
+
+def test_megabytes_of_output_score_fast():
+    giant = "blah " * 400_000 + "\\boxed{7}"
+    deep = "\\boxed{" + "{" * 50_000 + "7" + "}" * 50_000 + "}"
+    start = time.perf_counter()
+    assert compute_score("math", giant, "7")["score"] == 1.0
+    compute_score("math", deep, "7")
+    compute_score("math", "\\boxed{" * 200_000, "7")
+    assert time.perf_counter() - start < 2.0
+
+
+def test_normalisation_is_idempotent():
+    for _, truth, _ in CASES:
+        once = normalize_answer(truth)
+        assert normalize_answer(once) == once
