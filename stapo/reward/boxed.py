@@ -52,8 +52,35 @@ def normalize_answer(answer: str) -> str:
     return text
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs) -> dict:
-    """verl custom-reward signature; returns score (+1/-1), acc and the extracted answer."""
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Any = None,
+    math_verify: bool = False,
+    verify_timeout_s: float = 5.0,
+    **kwargs,
+) -> dict:
+    """verl custom-reward signature: +1 / -1 from the strict match of the last ``\\boxed{}``.
+
+    With ``math_verify=True`` (``+reward.custom_reward_function.reward_kwargs.math_verify=true``)
+    a strict miss gets a second opinion from math-verify, bounded by ``verify_timeout_s``; the
+    ``checker_*`` flags (verl reward extra info) say which checker decided.
+    """
     extracted = last_boxed(solution_str or "")
-    correct = extracted is not None and normalize_answer(extracted) == normalize_answer(str(ground_truth))
-    return {"score": 1.0 if correct else -1.0, "acc": float(correct), "has_answer": float(extracted is not None)}
+    truth = str(ground_truth)
+    correct = extracted is not None and normalize_answer(extracted) == normalize_answer(truth)
+    decided_by = "strict"
+    if not correct and math_verify and extracted is not None:
+        from stapo.reward.verify import default_verifier
+
+        verdict = default_verifier(verify_timeout_s).equivalent(truth, extracted)
+        correct, decided_by = bool(verdict), ("timeout" if verdict is None else "math_verify")
+    return {
+        "score": 1.0 if correct else -1.0,
+        "acc": float(correct),
+        "has_answer": float(extracted is not None),
+        "checker_strict": float(decided_by == "strict"),
+        "checker_math_verify": float(decided_by == "math_verify"),
+        "checker_timeout": float(decided_by == "timeout"),
+    }

@@ -79,3 +79,52 @@ def test_normalisation_is_idempotent():
     for _, truth, _ in CASES:
         once = normalize_answer(truth)
         assert normalize_answer(once) == once
+
+
+@pytest.mark.parametrize(
+    "output, truth, correct",
+    [
+        ("\\boxed{0.5}", "\\frac{1}{2}", True),
+        ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", True),
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", True),
+        ("\\boxed{0.6}", "\\frac{1}{2}", False),
+    ],
+)
+def test_math_verify_turns_strict_false_negatives_into_positives(output, truth, correct):
+    strict = compute_score("math", output, truth)
+    assert strict["score"] == -1.0  # the strict checker alone says no
+    result = compute_score("math", output, truth, math_verify=True)
+    assert result["score"] == (1.0 if correct else -1.0)
+    assert result["checker_math_verify"] == 1.0 and result["checker_strict"] == 0.0
+
+
+def hang_on_loop(conn) -> None:
+    """A stand-in child loop that never answers the question 'loop' (sympy on adversarial input)."""
+    while True:
+        gold, answer = conn.recv()
+        if answer == "loop":
+            time.sleep(3600)
+        conn.send(gold == answer)
+
+
+def test_a_hanging_check_times_out_to_unverified_and_the_next_call_works():
+    from stapo.reward.verify import BoundedVerifier
+
+    verifier = BoundedVerifier(timeout_s=0.5, serve=hang_on_loop)
+    assert verifier.equivalent("1", "1") is True  # warm the child up
+    start = time.perf_counter()
+    assert verifier.equivalent("1", "loop") is None  # unverified, not a hang
+    assert time.perf_counter() - start < 5.0
+    assert verifier.equivalent("2", "2") is True  # a fresh child after the kill
+    assert verifier.equivalent("x" * 3000, "1") is None  # oversized input is not sent to sympy
+
+
+def test_real_math_verify_on_adversarial_latex_is_bounded():
+    from stapo.reward.verify import BoundedVerifier
+
+    verifier = BoundedVerifier(timeout_s=1.0)
+    verifier.equivalent("1", "1")
+    start = time.perf_counter()
+    hard = "+".join(f"x^{{{k}}}" for k in range(300)) + "=" + "*".join(f"(x+{k})" for k in range(100))
+    assert verifier.equivalent("\\frac{1}{3}", hard) in (None, False)
+    assert time.perf_counter() - start < 1.0 + 25.0  # the deadline (+ a restart's grace at most)
