@@ -1,0 +1,105 @@
+"""The paper's evaluation protocol (spec section 6): avg@N per benchmark, two decoding settings.
+
+avg@N = mean over prompts of the fraction of its N samples the reward accepts, in percent.
+Generation is a pluggable back-end (vLLM on GPUs, HF ``generate`` on CPU); scoring is the same
+``stapo.reward.compute_score`` the training uses, so every number can be audited per sample.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from stapo.reward import compute_score, last_boxed
+
+PAPER_N = {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
+DECODING = {"T1.0": {"temperature": 1.0, "top_p": 1.0}, "T0.7": {"temperature": 0.7, "top_p": 0.9}}
+MAX_TOKENS = 20_480
+
+# generate(prompts as chat messages, n, temperature, top_p, max_tokens, seed) -> n texts per prompt
+Generate = Callable[[list[list[dict]], int, float, float, int, int], list[list[str]]]
+
+
+@dataclass(frozen=True)
+class Problem:
+    benchmark: str
+    prompt_id: int
+    messages: list[dict]
+    ground_truth: str
+    data_source: str
+
+
+def avg_at_n(scores: dict[int, list[float]]) -> float:
+    """Mean over prompts of each prompt's mean score (1 = correct, 0 = not), in percent."""
+    if not scores:
+        raise ValueError("avg@N of no prompt is undefined")
+    return 100.0 * sum(sum(s) / len(s) for s in scores.values()) / len(scores)
+
+
+def load_benchmark(name: str, path: Path, limit: int | None = None) -> list[Problem]:
+    import pandas as pd
+
+    frame = pd.read_parquet(path)
+    problems = []
+    for index, row in enumerate(frame.itertuples(index=False)):
+        if limit is not None and index >= limit:
+            break
+        messages = [dict(m) for m in (row.prompt.tolist() if hasattr(row.prompt, "tolist") else row.prompt)]
+        problems.append(Problem(name, index, messages, str(row.reward_model["ground_truth"]), row.data_source))
+    return problems
+
+
+def evaluate(
+    generate: Generate,
+    benchmarks: dict[str, Path],
+    out_dir: Path,
+    settings: tuple[str, ...] = tuple(DECODING),
+    n_override: int | None = None,
+    max_tokens: int = MAX_TOKENS,
+    limit: int | None = None,
+    seed: int = 0,
+    math_verify: bool = False,
+) -> dict[str, dict[str, float]]:
+    """Run every benchmark under every setting; write samples.jsonl, results.md and results.csv."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, float]] = {}
+    with (out_dir / "samples.jsonl").open("w", encoding="utf-8") as samples_file:
+        for name, path in benchmarks.items():
+            problems = load_benchmark(name, path, limit)
+            n = n_override or PAPER_N.get(name, 4)
+            for setting in settings:
+                params = DECODING[setting]
+                texts = generate([p.messages for p in problems], n, params["temperature"], params["top_p"], max_tokens, seed)
+                scores: dict[int, list[float]] = {}
+                for problem, samples in zip(problems, texts):
+                    for sample_index, text in enumerate(samples):
+                        scored = compute_score(problem.data_source, text, problem.ground_truth, math_verify=math_verify)
+                        scores.setdefault(problem.prompt_id, []).append(scored["acc"])
+                        checker = next(k[8:] for k in ("checker_strict", "checker_math_verify", "checker_timeout") if scored[k])
+                        record = {
+                            "benchmark": name, "setting": setting, "prompt_id": problem.prompt_id,
+                            "sample": sample_index, "text": text, "extracted": last_boxed(text),
+                            "ground_truth": problem.ground_truth, "score": scored["score"], "checker": checker,
+                        }
+                        samples_file.write(json.dumps(record) + "\n")  # ASCII: no raw U+2028 to split lines
+                samples_file.flush()
+                results.setdefault(name, {})[setting] = avg_at_n(scores)
+                print(f"[eval] {name} {setting} avg@{n}: {results[name][setting]:.2f}", flush=True)
+    write_tables(results, settings, out_dir)
+    return results
+
+
+def write_tables(results: dict[str, dict[str, float]], settings: tuple[str, ...], out_dir: Path) -> None:
+    """The paper's layout: one row per benchmark plus the average, one column per decoding setting."""
+    average = {s: sum(r[s] for r in results.values()) / len(results) for s in settings}
+    rows = [(name, [results[name][s] for s in settings]) for name in results] + [("Average", [average[s] for s in settings])]
+    lines = ["| benchmark | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |" for name, values in rows]
+    (out_dir / "results.md").write_text("\n".join(lines) + "\n")
+    with (out_dir / "results.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["benchmark", *settings])
+        writer.writerows([[name, *[f"{v:.4f}" for v in values]] for name, values in rows])
