@@ -7,6 +7,7 @@ setting before Ray starts, and then runs verl's own ``run_ppo`` with verl's v1 t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import hydra
@@ -30,6 +31,20 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+def ensure_synthetic_data(data_dir: str, train_rows: int, val_rows: int, seed: int) -> None:
+    """Write the synthetic task's parquet files unless the folder already holds these exact settings."""
+    from stapo.data.synthetic import write_parquet
+
+    folder = Path(data_dir)
+    marker = folder / "stapo_synthetic.json"
+    wanted = {"train_rows": int(train_rows), "val_rows": int(val_rows), "seed": int(seed)}
+    present = all((folder / name).exists() for name in ("train.parquet", "val.parquet"))
+    if present and marker.exists() and json.loads(marker.read_text()) == wanted:
+        return
+    write_parquet(folder, wanted["train_rows"], wanted["val_rows"], wanted["seed"])
+    marker.write_text(json.dumps(wanted))
+
+
 def prepare(config: DictConfig) -> DictConfig:
     """Everything that must happen on the driver before verl: local model, data, checks."""
     from stapo.verl_plugin.cpu import enable_for_run
@@ -45,11 +60,9 @@ def prepare(config: DictConfig) -> DictConfig:
         config.actor_rollout_ref.model.path = resolve_model_path(config.actor_rollout_ref.model.path)
         data_dir = config.stapo.get("synthetic_data_dir")
         if data_dir:
-            from stapo.data.synthetic import write_parquet
-
-            train, val = Path(data_dir) / "train.parquet", Path(data_dir) / "val.parquet"
-            if not (train.exists() and val.exists()):
-                write_parquet(data_dir, config.stapo.synthetic_train_rows, config.stapo.synthetic_val_rows)
+            ensure_synthetic_data(
+                data_dir, config.stapo.synthetic_train_rows, config.stapo.synthetic_val_rows, config.stapo.synthetic_seed
+            )
     # resolve here: ${hydra:...} and ${oc.env:...} mean the driver's values, the remote has no Hydra
     OmegaConf.resolve(config)
     return config
