@@ -54,8 +54,9 @@ cat >&2 <<MSG
 MSG
 "${submit[@]}" -- python -m recipe.stapo.main_stapo "${overrides[@]}"
 if [[ "$STAPO_WAIT" == 1 ]]; then
+  # `ray job submit` exits 0 for a stopped job too: ask for the final status
   status="$(ray job status --address "$RAY_ADDRESS" "$STAPO_JOB_ID" 2>&1 | tail -n 5)"
-  if [[ "$status" != *SUCCEEDED* ]]; then
+  if [[ "${status,,}" != *"job '${STAPO_JOB_ID,,}' succeeded"* ]]; then
     stapo_die "job $STAPO_JOB_ID did not succeed: $status"
   fi
   stapo_log "job $STAPO_JOB_ID succeeded"
