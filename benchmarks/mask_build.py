@@ -1,102 +1,138 @@
-"""Cost of building the S2T mask for ``source: old`` on a whole batch of the paper's size.
+"""Mask building for ``source: old`` on one whole batch of the paper's size, once per step.
 
-The mask is built once per step on the driver from tensors verl already has, so the fair yardstick
-is verl's old-log-prob pass over the same tokens. We measure the per-token forward cost of a real
-small model (SmolLM2-135M, CPU) and scale it to the batch: a lower bound of that pass on this
-device, since the paper's models are 12-100 times larger.
+The STAPO trainer (``stapo/verl_plugin/trainer.py``) builds the S2T mask on the driver from the
+padded ``(responses, max_len)`` old log-probs, old entropy and advantages that verl already
+computed, then folds it into the masks. This times ``detect_spurious`` + ``s2t_diagnostics`` on such
+a batch (and the fold) and measures their peak tensor memory; the yardstick is verl's old-log-prob
+pass over the same tokens (``benchmarks/old_pass.py``).
+
+Length distribution: the paper samples 256 prompts x 8 responses with up to 15k response tokens.
+``realistic`` draws lengths from a log-normal (median 3,500 tokens, sigma 0.75) cut at the
+maximum, so a few percent of the responses are truncated, which is how long-CoT RL batches look;
+``all_max`` puts every response at the maximum (the padded worst case: 31.5M tokens).
 """
 
 from __future__ import annotations
 
-import os
-import resource
-import statistics
+import math
 import time
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from stapo.quantile import global_quantile, linear_quantile
+from benchmarks.common import Samples, measure_memory, rss_kib, rss_peak_reset, sync
 from stapo.s2t import detect_spurious, s2t_diagnostics
+from stapo.verl_plugin.trainer import fold_masks
+
+TAU_P, Q = 0.002, 0.75
+LOW_PROB_SHARE = 3e-4  # tokens sampled below tau_p: gives a mask ratio near the paper's 1e-4
+PROMPT_LEN = 256  # for the attention term of the old-pass estimate (DAPO-Math prompts with the template)
 
 
-def paper_batch(responses: int, max_len: int, seed: int = 0):
-    """Padded (responses, max_len) tensors with lengths uniform in [max_len/15, max_len]."""
+def response_lengths(responses: int, max_len: int, distribution: str, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(max_len // 15, max_len + 1, (responses,), generator=g)
-    mask = torch.arange(max_len).unsqueeze(0) < lengths.unsqueeze(1)
-    # most tokens confident; about 1% sampled far below tau_p (the tail S2T looks at)
-    log_prob = -torch.empty(responses, max_len).exponential_(3.0, generator=g)
-    tail = torch.rand(responses, max_len, generator=g) < 0.01
-    log_prob[tail] = torch.empty(int(tail.sum())).uniform_(-14.0, -6.3, generator=g)
-    entropy = torch.empty(responses, max_len).exponential_(1.0, generator=g)
-    adv = torch.where(torch.rand(responses, generator=g) < 0.5, 1.0, -1.0).unsqueeze(1).expand(-1, max_len)
-    return log_prob, entropy, adv, mask
+    if distribution == "all_max":
+        return torch.full((responses,), max_len)
+    if distribution != "realistic":
+        raise ValueError(f"unknown length distribution {distribution!r}")
+    median = 3500 * max_len / 15360
+    lengths = torch.exp(math.log(median) + 0.75 * torch.randn(responses, generator=g))
+    return lengths.round().long().clamp(16, max_len)
 
 
-def time_mask(responses: int, max_len: int, repeats: int = 3) -> dict:
-    log_prob, entropy, adv, mask = paper_batch(responses, max_len)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        detection = detect_spurious(log_prob, entropy, adv, mask)
-        s2t_diagnostics(detection, log_prob, entropy, adv, mask, 0.002)
-        samples.append(time.perf_counter() - start)
-    peak_delta = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) * 1024
-    return {
-        "tokens": int(mask.sum()),
-        "padded": responses * max_len,
-        "candidates": detection.num_candidates,
-        "seconds": statistics.median(samples),
-        "peak_rss_delta_bytes": peak_delta,
-        "input_bytes": sum(t.element_size() * t.numel() for t in (log_prob, entropy, mask)),
-    }
+def paper_batch(responses: int, max_len: int, distribution: str = "realistic", seed: int = 0):
+    """Padded old log-probs, old entropy, token-level advantages, response mask and the lengths.
+
+    Per token: confident samples (log p ~ -Exp(mean 0.25), entropy ~ Exp(mean 0.5)) and a share
+    ``LOW_PROB_SHARE`` sampled below tau_p at positions with entropy uniform in [0, 4], calibrated so
+    the mask ratio comes out near the paper's 1e-4. Advantages: one value per response, uniform in
+    [-1, 1] (about half positive), zero on padding.
+    """
+    g = torch.Generator().manual_seed(seed)
+    lengths = response_lengths(responses, max_len, distribution, seed)
+    mask = (torch.arange(max_len).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    log_prob = -torch.empty(responses, max_len).exponential_(4.0, generator=g)
+    entropy = torch.empty(responses, max_len).exponential_(2.0, generator=g)
+    tail = torch.rand(responses, max_len, generator=g) < LOW_PROB_SHARE
+    count = int(tail.sum())
+    log_prob[tail] = torch.empty(count).uniform_(math.log(1e-7), math.log(TAU_P), generator=g)
+    entropy[tail] = torch.rand(count, generator=g) * 4.0
+    advantages = (torch.rand(responses, generator=g) * 2 - 1).unsqueeze(1) * mask  # token-level, 0 on padding
+    log_prob, entropy = log_prob * mask, entropy * mask
+    return log_prob, entropy, advantages, mask, lengths
 
 
-def forward_seconds_per_token(model_path: str, tokens: int = 2048) -> float:
-    """Median forward time per token of an HF causal LM (log-probs and entropy need this pass)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, tokens))
-    samples = []
-    with torch.no_grad():
-        for _ in range(3):
-            start = time.perf_counter()
-            logits = model(input_ids=ids).logits
-            log_probs = torch.log_softmax(logits.float(), -1)
-            (-(log_probs.exp() * log_probs).sum(-1)).sum()
-            samples.append(time.perf_counter() - start)
-    return statistics.median(samples) / tokens
+def _build(log_prob, entropy, advantages, mask):
+    detection = detect_spurious(log_prob, entropy, advantages, mask, tau_p=TAU_P, entropy_quantile=Q)
+    return detection
 
 
-def _quantile_worker(rank, world, port, per_rank, results):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    values = torch.rand(per_rank, generator=torch.Generator().manual_seed(rank))
-    samples, local = [], []
-    for _ in range(5):
-        dist.barrier()
-        start = time.perf_counter()
-        global_quantile(values, 0.75, dist.group.WORLD)
-        samples.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        linear_quantile(values, 0.75)
-        local.append(time.perf_counter() - start)
-    results[rank] = (statistics.median(samples), statistics.median(local))
-    dist.destroy_process_group()
+def run(
+    responses: int = 2048,
+    max_len: int = 15360,
+    distributions: tuple[str, ...] = ("realistic", "all_max"),
+    repeats: int = 3,
+    device: torch.device | str = "cpu",
+    memory: bool = True,
+) -> list[dict]:
+    device = torch.device(device)
+    results = []
+    for distribution in distributions:
+        log_prob, entropy, advantages, mask, lengths = (t.to(device) for t in paper_batch(responses, max_len, distribution))
+        parts = {"detect": Samples(), "diagnostics": Samples(), "fold": Samples(), "total": Samples()}
+        rss_peak_reset()
+        rss_before, _ = rss_kib()
+        detection = None
+        for round_index in range(repeats + 1):  # the first round warms up
+            sync(device)
+            t0 = time.perf_counter()
+            detection = _build(log_prob, entropy, advantages, mask)
+            sync(device)
+            t1 = time.perf_counter()
+            metrics = s2t_diagnostics(detection, log_prob, entropy, advantages, mask, TAU_P)
+            sync(device)
+            t2 = time.perf_counter()
+            fold_masks(mask, mask, detection.spurious, detection.spurious)
+            sync(device)
+            t3 = time.perf_counter()
+            if round_index:
+                parts["detect"].values.append(t1 - t0)
+                parts["diagnostics"].values.append(t2 - t1)
+                parts["fold"].values.append(t3 - t2)
+                parts["total"].values.append(t3 - t0)
+        _, rss_peak = rss_kib()
+        row = {
+            "bench": "mask",
+            "distribution": distribution,
+            "responses": responses,
+            "max_len": max_len,
+            "tokens": int(mask.sum()),
+            "mean_len": float(lengths.float().mean()),
+            "truncated_share": float((lengths == max_len).float().mean()),
+            "candidates": detection.num_candidates,
+            "masked": int(detection.spurious.sum()),
+            "mask_ratio": metrics["mask_ratio"],
+            "tau_h": detection.tau_h,
+            "input_bytes": sum(t.element_size() * t.numel() for t in (log_prob, entropy, advantages, mask)),
+            "rss_peak_delta_bytes": 1024 * (rss_peak - rss_before) if rss_peak else None,
+            "sum_pos_tokens": int(lengths.sum()),
+            "lengths": lengths.tolist(),
+        }
+        for name, samples in parts.items():
+            row[f"{name}_s"] = samples.median
+            row[f"{name}_spread"] = samples.spread
+        if memory:
 
+            def prepare(lp=log_prob, h=entropy, a=advantages, m=mask):
+                def go():
+                    d = _build(lp, h, a, m)
+                    s2t_diagnostics(d, lp, h, a, m, TAU_P)
+                    fold_masks(m, m, d.spurious, d.spurious)
 
-def time_dp_quantile(world: int, per_rank: int) -> dict:
-    import socket
+                return go
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.start_processes(_quantile_worker, args=(world, port, per_rank, results), nprocs=world, start_method="spawn")
-    global_s, local_s = results[0]
-    return {"world": world, "per_rank": per_rank, "global_seconds": global_s, "local_seconds": local_s}
+            mem = measure_memory(prepare, device)
+            row["peak_tensor_bytes"] = mem.peak_tensor_bytes
+            row["cuda_peak_bytes"] = mem.cuda_peak_bytes
+        results.append(row)
+        del log_prob, entropy, advantages, mask, detection
+    return results

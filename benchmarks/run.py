@@ -1,118 +1,318 @@
-"""``python -m benchmarks.run [--quick] [--write]``: STAPO's cost against verl's own code path.
+"""``python -m benchmarks.run [--quick] [--only NAME[,NAME...]] [--device D] [--threads N]``
 
-Prints a table; with ``--write`` replaces BENCHMARKS.md with the figures, the command and the machine.
+What STAPO costs on top of verl, each figure a ratio against verl's own code path measured in the
+same run. Benchmarks (NAME): ``loss`` (verl's ppo_loss, vanilla vs STAPO old/current), ``mask``
+(whole-batch S2T mask for source=old vs the old-log-prob pass), ``quantile`` (DP-global threshold
+over 2/3/4 gloo ranks), ``entropy`` (entropy in the update forward at vocabulary 151,936), ``e2e``
+(seconds per step of the real tiny CPU trainer, algo=stapo vs algo=justrl).
+
+Prints the tables and, for a full-size run, replaces the matching sections of BENCHMARKS.md (the
+other sections are kept). ``--quick`` runs tiny sizes and writes nothing unless ``--write``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import platform
+import json
+import math
+import re
+import shlex
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from benchmarks import loss_path, mask_build
+from benchmarks.common import fmt_bytes, load_average, machine_info, pick_device
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTES = """
-## Reading the figures
+DOC = ROOT / "BENCHMARKS.md"
+NAMES = ("loss", "mask", "quantile", "entropy", "e2e")
+TITLES = {
+    "loss": "1. Loss path: verl's `ppo_loss`, one micro-batch, forward + backward",
+    "mask": "2a. Mask building for `source: old`, one whole batch of the paper's size",
+    "quantile": "2b. DP-global quantile over gloo ranks",
+    "entropy": "3. Entropy in the update forward (`source: current`) at vocabulary 151,936",
+    "e2e": "4. End to end: seconds per step of the tiny CPU trainer",
+}
 
-- `stapo/old` is verl's vanilla objective over the mask the trainer folded in: the same work as
-  `vanilla`, so its ratio is 1 within the noise of this machine. No tensor of vocabulary size is
-  created anywhere in the STAPO path: the loss and the mask see per-token tensors only
-  (log-probs, entropies, advantages, masks), which is what the shapes in `stapo/s2t.py` say.
-- `stapo/current` adds detection and its diagnostics to every micro-batch (exp, compares, a few
-  exact quantiles, host syncs): about twice the cost of the loss function itself, a few ms per
-  32k tokens on this CPU, against seconds of model forward and backward for the same tokens.
-  Prefer `source: old` unless you need the paper-literal current-policy detection.
-- Mask building for `source: old` runs once per step on the driver; at the paper's batch size it is
-  about 1e-4 of the old-log-prob pass verl runs anyway (estimated from a 135M model on this CPU, so
-  a generous upper bound of the ratio for the paper's 1.7B-14B models).
-- Not measured yet: the entropy cost of `source: current` at vocabulary 151,936 (verl's plain and
-  chunked entropy), and GPU figures (no GPU was available to the session that wrote this file).
+
+def sizes(quick: bool) -> dict:
+    if quick:
+        return {
+            "loss": dict(rows=2, tokens=256, prompt_len=32, repeats=5),
+            "mask": dict(responses=32, max_len=1024, repeats=2),
+            "old_pass": dict(tokens=64, repeats=1),
+            "quantile": dict(worlds=(2,), per_rank=2000, micro_tokens=2048, repeats=5),
+            "entropy": dict(tokens=64, chunk=16, repeats=2),
+            "e2e": dict(repeats=1, steps=2),
+        }
+    return {
+        "loss": dict(rows=8, tokens=4096, prompt_len=512, repeats=21),
+        "mask": dict(responses=2048, max_len=15360, repeats=2),
+        "old_pass": dict(tokens=1024, repeats=3),
+        "quantile": dict(worlds=(2, 3, 4), per_rank=100_000, micro_tokens=8 * 4096, repeats=30),
+        "entropy": dict(tokens=256, chunk=64, repeats=5),
+        "e2e": dict(repeats=2, steps=6),
+    }
+
+
+def _f(x, digits=2):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.{digits}f}"
+
+
+# ---------------------------------------------------------------- the benchmarks, each -> markdown
+
+
+def bench_loss(cfg, device) -> tuple[str, list[dict]]:
+    from benchmarks import loss_path
+
+    rows = loss_path.run(device=device, **cfg)
+    lines = [
+        "| case | variant | median ms | spread | ratio vs vanilla | (ratio of minima) | ratio vs vanilla+H | "
+        "peak tensor memory | memory vs vanilla | largest tensor (elements, per token) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
+        lines.append(
+            f"| {r['case']} | {r['variant']} | {_f(r['median_ms'])} | {_f(r['spread'])} | {_f(r['ratio_vs_vanilla'], 3)} | "
+            f"({_f(r['min_ratio_vs_vanilla'], 3)}) | "
+            f"{_f(r['ratio_vs_vanilla_H'], 3)} | {fmt_bytes(r.get('peak_tensor_bytes'))}{cuda} | "
+            f"{_f(r.get('mem_ratio_vs_vanilla'), 3)} | {r.get('largest_numel', 'n/a'):,} ({_f(r.get('largest_per_token'))}) |"
+        )
+    old = [r["ratio_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
+    old_min = [r["min_ratio_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
+    cur = [r for r in rows if r["variant"] == "stapo/current"]
+    added = [r["median_ms"] - next(x for x in rows if x["case"] == r["case"] and x["variant"] == "vanilla+H")["median_ms"] for r in cur]
+    largest = max(r.get("largest_per_token", 0) for r in rows)
+    tokens = rows[0]["tokens"]
+    lines += [
+        "",
+        f"- `stapo/old` / `vanilla`: medians {min(old):.3f} to {max(old):.3f}, minima {min(old_min):.3f} to "
+        f"{max(old_min):.3f} over the advantage patterns (target: within 1.05).",
+        f"- `stapo/current` adds {min(added):.1f} to {max(added):.1f} ms per micro-batch of {tokens:,} response tokens "
+        f"over `vanilla+H` (ratio {min(r['ratio_vs_vanilla_H'] for r in cur):.2f} to "
+        f"{max(r['ratio_vs_vanilla_H'] for r in cur):.2f}).",
+        f"- Largest tensor any variant creates: {largest:.2f} x the micro-batch's sequence tokens (prompt + response), "
+        "i.e. per-token vectors; no tensor has a vocabulary dimension.",
+    ]
+    return "\n".join(lines), rows
+
+
+def bench_mask(cfg, pass_cfg, device) -> tuple[str, list[dict]]:
+    from benchmarks import mask_build, old_pass
+
+    cost = old_pass.measure(device=device, **pass_cfg)
+    rows = mask_build.run(device=device, **cfg)
+    lines = [
+        f"Yardstick, measured in this run: verl's old-log-prob pass (network forward, then verl's "
+        f"`logprobs_from_logits` + `entropy_from_logits`) on {cost.model}, {cost.tokens} tokens: "
+        f"{1000 * cost.network_s_per_token:.2f} ms/token network ({cost.achieved_flops / 1e9:.0f} GFLOP/s) + "
+        f"{1000 * cost.head_s_per_token:.2f} ms/token verl head ops (spread {cost.spread:.2f}).",
+        "",
+        "| lengths | responses x max | response tokens (mean length, truncated) | candidates | masked (ratio) | "
+        "detect s | diagnostics s | fold s | total s (spread) | peak tensor memory (inputs) | RSS peak delta | "
+        "old pass, measured model: s (mask / pass) | old pass, Qwen3-1.7B by FLOPs: s (mask / pass) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lengths = r.pop("lengths")
+        est = old_pass.batch_estimate(cost, lengths, mask_build.PROMPT_LEN)
+        r.update(est)
+        r["ratio_measured_model"] = r["total_s"] / est["measured_model_s"]
+        r["ratio_qwen3_1p7b"] = r["total_s"] / est["qwen3_1p7b_s"]
+        lines.append(
+            f"| {r['distribution']} | {r['responses']} x {r['max_len']} | {r['tokens']:,} ({r['mean_len']:.0f}, "
+            f"{100 * r['truncated_share']:.1f}%) | {r['candidates']:,} | {r['masked']:,} ({r['mask_ratio']:.1e}) | "
+            f"{_f(r['detect_s'])} | {_f(r['diagnostics_s'])} | {_f(r['fold_s'])} | {_f(r['total_s'])} ({_f(r['total_spread'])}) | "
+            f"{fmt_bytes(r.get('peak_tensor_bytes'))} ({fmt_bytes(r['input_bytes'])}) | {fmt_bytes(r['rss_peak_delta_bytes'])} | "
+            f"{est['measured_model_s']:,.0f} ({r['ratio_measured_model']:.1e}) | {est['qwen3_1p7b_s']:,.0f} ({r['ratio_qwen3_1p7b']:.1e}) |"
+        )
+    cost_row = {"bench": "old_pass", **{k: getattr(cost, k) for k in ("model", "params", "tokens", "network_s_per_token",
+                                                                          "head_s_per_token", "achieved_flops", "spread")}}
+    return "\n".join(lines), [cost_row, *rows]
+
+
+def bench_quantile(cfg, device) -> tuple[str, list[dict]]:
+    from benchmarks import dp_quantile
+
+    rows = dp_quantile.run(**cfg)
+    lines = [
+        "| ranks | values per rank | global_quantile ms | local linear_quantile ms | ratio | "
+        "detect_spurious with group ms | without ms | ratio | worst spread |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['world']} | {r['per_rank']:,} | {_f(r['global_q_ms'])} | {_f(r['local_q_ms'])} | {_f(r['q_ratio'])} | "
+            f"{_f(r['detect_group_ms'])} | {_f(r['detect_local_ms'])} | {_f(r['detect_ratio'])} | {_f(r['spread'])} |"
+        )
+    lines += ["", f"`detect_spurious` runs on one micro-batch of {rows[0]['micro_tokens']:,} response tokens per rank."]
+    return "\n".join(lines), rows
+
+
+def bench_entropy(cfg, device) -> tuple[str, list[dict]]:
+    from benchmarks import entropy
+
+    rows = entropy.run(device=device, **cfg)
+    r0 = rows[0]
+    lines = [
+        f"{r0['tokens']:,} tokens x vocabulary {r0['vocab']:,}, fp32 logits ({fmt_bytes(r0.get('logits_bytes'))}), "
+        f"chunk size {r0['chunk']} for the chunked variant.",
+        "",
+        "| variant | median ms | ms per 1k tokens | spread | ratio vs logp | peak tensor memory | memory vs logp |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
+        lines.append(
+            f"| {r['variant']} | {_f(r['median_ms'])} | {_f(r['ms_per_1k_tokens'])} | {_f(r['spread'])} | "
+            f"{_f(r['ratio_vs_logp'], 3)} | {fmt_bytes(r.get('peak_tensor_bytes'))}{cuda} | {_f(r.get('mem_ratio_vs_logp'), 3)} |"
+        )
+    return "\n".join(lines), rows
+
+
+def bench_e2e(cfg, device) -> tuple[str, list[dict]]:
+    from benchmarks import e2e_step
+
+    result = e2e_step.run(**cfg)
+    if result.get("error"):
+        return f"Not measured: {result['error']}", [result]
+    lines = [
+        "| algo | median timing_s/step | samples (steps 2.., every run) | runs |",
+        "|---|---|---|---|",
+    ]
+    for algo in ("stapo", "justrl"):
+        s = result["samples"][algo]
+        lines.append(f"| {algo} | {_f(result[algo + '_s'])} | {', '.join(_f(x) for x in s)} | {result['runs']} |")
+    lines += [
+        "",
+        f"Ratio stapo / justrl (medians): **{result['ratio']:.3f}**; median of the per-run-pair ratios: "
+        f"{result['pair_ratio']:.3f}; per-step spread stapo {_f(result['spread']['stapo'])}, justrl {_f(result['spread']['justrl'])}.",
+        "",
+        "Medians of verl's phase timings (s; the S2T mask is built and folded in `adv`):",
+        "",
+        "| phase | stapo | justrl | ratio |",
+        "|---|---|---|---|",
+    ]
+    for phase, values in result["phases"].items():
+        ratio = values["stapo"] / values["justrl"] if values["justrl"] else math.nan
+        lines.append(f"| `{phase}` | {_f(values['stapo'], 3)} | {_f(values['justrl'], 3)} | {_f(ratio, 3)} |")
+    return "\n".join(lines), [result]
+
+
+# ---------------------------------------------------------------- BENCHMARKS.md
+
+INTRO = """# Benchmarks
+
+What STAPO costs on top of verl 0.9.1. Every figure is a ratio against verl's own code path
+measured in the same run, on the same machine, variants interleaved (A, B, A, B, ...) after a
+warm-up; medians, with the spread ((max - min) / median) as the record of the noise.
+
+Run them with `python -m benchmarks.run` (all, about 15 minutes on 2 cores), `--only loss,mask`
+for some, `--quick` for tiny sizes (nothing written), `--device cuda` on a GPU machine (the GPU's
+name is recorded). Each section below was written by the run named in its header, and a later
+`--only` run replaces only its own sections.
+
+**These are CPU figures.** No GPU was available to the session that produced them. The machine is
+shared with other engineers' trainer runs, so absolute times are noisy; the ratios are what to read.
+Torch runs single-threaded here by default (`--threads 1`): on a loaded 2-core machine, OpenMP's
+spinning barriers made two-thread timings of the same op vary 20-fold (verl's row-by-row
+`logprobs_from_logits_v2`: 1.0-1.6 s with one thread, 3.7-52 s with two).
+
+Memory is *peak live tensor bytes*: a torch dispatch mode (`benchmarks/common.py`) sees every tensor
+the measured code creates, forward and backward, and sums the storages still alive; inputs built
+before the measurement are not counted. This is exact for tensors and independent of the allocator
+and of other processes (tracemalloc cannot see torch's allocations). On CUDA
+`torch.cuda.max_memory_allocated` is reported beside it. The mask benchmark also reports the
+process's peak RSS growth (VmHWM reset through /proc), which includes allocator overhead.
 """
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU figures)"
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, Python {platform.python_version()}, {gpu}"
+def _section(name: str, body: str, header: str) -> str:
+    return f"<!-- bench:{name} -->\n## {TITLES[name]}\n\n{header}\n\n{body}\n<!-- /bench:{name} -->"
+
+
+def _placeholder(name: str) -> str:
+    return _section(name, "Not run yet: `python -m benchmarks.run --only " + name + "`.", "")
+
+
+def update_doc(sections: dict[str, str], doc: Path = DOC) -> None:
+    text = doc.read_text() if doc.exists() else ""
+    if "<!-- bench:" not in text:  # first run, or a file from before the sections: start over
+        text = INTRO + "\n" + "\n\n".join(_placeholder(n) for n in NAMES) + "\n\n" + NOTES_MARK + "\n"
+    for name, section in sections.items():
+        pattern = re.compile(rf"<!-- bench:{name} -->.*?<!-- /bench:{name} -->", re.S)
+        if pattern.search(text):
+            text = pattern.sub(lambda _: section, text)
+        else:
+            text = text.replace(NOTES_MARK, section + "\n\n" + NOTES_MARK)
+    doc.write_text(text)
+
+
+NOTES_MARK = "<!-- notes: written by hand below this line -->"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="small sizes (seconds), for smoke tests")
-    parser.add_argument("--write", action="store_true", help="rewrite BENCHMARKS.md with these figures")
-    parser.add_argument("--e2e", action="store_true", help="also time the real tiny CPU trainer (about 10 min)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (seconds); writes nothing unless --write")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(NAMES)}")
+    parser.add_argument("--skip", default="", help="comma-separated benchmarks to leave out")
+    parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu or cuda[:N]")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: see BENCHMARKS.md)")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md even with --quick")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--json", type=Path, help="also dump every row as JSON to this file")
     args = parser.parse_args(argv)
 
-    lines = []
-    rows, tokens = (2, 256) if args.quick else (8, 4096)
-    loss_rows = loss_path.run(rows=rows, tokens=tokens, repeats=3 if args.quick else 7)
-    lines += ["## Loss path: verl's ppo_loss, forward + backward of one micro-batch", "",
-              "| case | variant | median ms | ratio vs vanilla | spread |", "|---|---|---|---|---|"]
-    lines += [f"| {r['case']} | {r['variant']} | {r['median_ms']:.2f} | {r['ratio_vs_vanilla']:.3f} | "
-              f"{r['spread']:.2f} |" for r in loss_rows]
+    chosen = [n.strip() for n in args.only.split(",") if n.strip()] or list(NAMES)
+    skip = {n.strip() for n in args.skip.split(",") if n.strip()}
+    unknown = [n for n in [*chosen, *skip] if n not in NAMES]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {', '.join(NAMES)}")
+    chosen = [n for n in chosen if n not in skip]
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+    torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    cfg = sizes(args.quick)
+    info = machine_info(device)
+    command = "python -m benchmarks.run" + ("" if not argv else " " + " ".join(shlex.quote(a) for a in argv))
 
-    responses, max_len = (16, 512) if args.quick else (2048, 15360)
-    mask = mask_build.time_mask(responses, max_len, repeats=1 if args.quick else 3)
-    model = None
-    try:
-        from stapo.models.smollm2 import smollm2_path
-
-        model = smollm2_path()
-    except FileNotFoundError:
-        pass
-    per_token = mask_build.forward_seconds_per_token(model, 256 if args.quick else 2048) if model else float("nan")
-    old_pass = per_token * mask["tokens"]
-    lines += ["", "## Mask building for source=old on one whole batch (driver, once per step)", "",
-              "| responses x max len | response tokens | candidates | mask + diagnostics s | peak RSS delta GiB |"
-              " old-log-prob pass s (SmolLM2-135M, lower bound) | ratio |", "|---|---|---|---|---|---|---|",
-              f"| {responses} x {max_len} | {mask['tokens']:,} | {mask['candidates']:,} | {mask['seconds']:.2f} | "
-              f"{mask['peak_rss_delta_bytes'] / 2**30:.2f} | {old_pass:.0f} | {mask['seconds'] / old_pass:.5f} |"]
-
-    per_rank = 2_000 if args.quick else 300_000
-    lines += ["", "## DP-global quantile over gloo (candidates gathered, exact)", "",
-              "| ranks | candidates per rank | global ms | local ms |", "|---|---|---|---|"]
-    for world in (2,) if args.quick else (2, 3, 4):
-        q = mask_build.time_dp_quantile(world, per_rank)
-        lines.append(f"| {world} | {per_rank:,} | {1000 * q['global_seconds']:.1f} | {1000 * q['local_seconds']:.1f} |")
-
-    if not args.e2e:
-        lines += ["", "(End-to-end seconds per step not measured in this run: add `--e2e`.)"]
-    if args.e2e:
-        from benchmarks import e2e_step
-
-        e2e = e2e_step.run()
-        lines += ["", "## End to end: seconds per step of the tiny CPU trainer (steps 2-4, 3 runs each)", "",
-                  "| algo=stapo s/step | algo=justrl s/step | ratio | samples stapo | samples justrl |",
-                  "|---|---|---|---|---|",
-                  f"| {e2e['stapo_s']:.2f} | {e2e['justrl_s']:.2f} | {e2e['ratio']:.3f} | "
-                  f"{', '.join(f'{x:.2f}' for x in e2e['samples']['stapo'])} | "
-                  f"{', '.join(f'{x:.2f}' for x in e2e['samples']['justrl'])} |"]
-
-    report = "\n".join(lines)
-    print(report)
-    if args.write:
-        command = "python -m benchmarks.run " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
-        header = [
-            "# Benchmarks", "",
-            f"Command: `{command.strip()}`  ", f"Machine: {machine()}  ",
-            f"Date: {datetime.date.today().isoformat()}", "",
-            "Every figure is measured in the same run as its yardstick (verl's own code path). "
-            "Timings on this shared 2-core machine are noisy: see the spread column (max - min over median).",
-            "",
-        ]
-        (ROOT / "BENCHMARKS.md").write_text("\n".join(header) + report + "\n" + NOTES)
+    runners = {
+        "loss": lambda: bench_loss(cfg["loss"], device),
+        "mask": lambda: bench_mask(cfg["mask"], cfg["old_pass"], device),
+        "quantile": lambda: bench_quantile(cfg["quantile"], device),
+        "entropy": lambda: bench_entropy(cfg["entropy"], device),
+        "e2e": lambda: bench_e2e(cfg["e2e"], device),
+    }
+    sections, dump = {}, {}
+    for name in chosen:
+        load_before = load_average()
+        started = time.perf_counter()
+        print(f"== {TITLES[name]} ...", file=sys.stderr, flush=True)
+        body, rows = runners[name]()
+        seconds = time.perf_counter() - started
+        header = (
+            f"Run: `{command}` on {datetime.date.today().isoformat()}, {seconds:.0f} s. "
+            f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} ({args.threads} thread"
+            f"{'s' if args.threads > 1 else ''}), device {info['device']}, GPU: {info['gpu']}. "
+            f"Load average before / after: {load_before} / {load_average()}."
+        )
+        print(f"\n## {TITLES[name]}\n\n{header}\n\n{body}\n", flush=True)
+        sections[name] = _section(name, body, header)
+        dump[name] = rows
+    if args.json:
+        args.json.write_text(json.dumps(dump, indent=1, default=str))
+    if (args.write or not args.quick) and not args.no_write:
+        update_doc(sections)
+        print(f"updated {DOC.relative_to(ROOT)}: {', '.join(sections)}", file=sys.stderr)
     return 0
 
 

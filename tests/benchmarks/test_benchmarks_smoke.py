@@ -1,21 +1,83 @@
-"""The benchmarks run at tiny sizes (structure only: rows produced, ratios finite; never timings)."""
+"""The benchmarks at tiny sizes, so they keep running: structure only (rows, finite ratios), never timings."""
 
 from __future__ import annotations
 
 import math
 
-from benchmarks import loss_path, mask_build
+import pytest
+import torch
+
+from benchmarks import dp_quantile, entropy, loss_path, mask_build, old_pass, run
+from benchmarks.common import TensorMemory
 
 
-def test_loss_path_rows_cover_every_variant_and_pattern():
-    rows = loss_path.run(rows=2, tokens=64, repeats=1)
-    assert {r["variant"] for r in rows} == {"vanilla", "stapo/old", "stapo/current"}
-    assert len(rows) == 3 * len(loss_path.PATTERNS)
-    assert all(math.isfinite(r["ratio_vs_vanilla"]) and r["median_ms"] > 0 for r in rows)
+def finite(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x)
 
 
-def test_mask_build_and_dp_quantile_report_sizes():
-    mask = mask_build.time_mask(8, 128, repeats=1)
-    assert 0 < mask["tokens"] <= mask["padded"] == 8 * 128
-    q = mask_build.time_dp_quantile(2, 100)
-    assert q["world"] == 2 and q["global_seconds"] > 0
+def test_loss_path_covers_every_variant_and_pattern():
+    rows = loss_path.run(rows=2, tokens=64, prompt_len=8, repeats=1)
+    assert len(rows) == len(loss_path.PATTERNS) * len(loss_path.VARIANTS)
+    assert {(r["pattern"], r["variant"]) for r in rows} == {
+        (p, v) for p in loss_path.PATTERNS for v in loss_path.VARIANTS
+    }
+    for r in rows:
+        assert finite(r["ratio_vs_vanilla"]) and r["median_ms"] > 0
+        assert r["peak_tensor_bytes"] > 0
+        # the loss sees per-token tensors only: nothing larger than the micro-batch's token count
+        assert r["largest_numel"] <= 2 * (64 + 8)
+    current = [r for r in rows if r["variant"] == "stapo/current"]
+    assert all(finite(r["ratio_vs_vanilla_H"]) for r in current)
+    # the folded mask of source=old silences tokens only where there are positive low-probability ones
+    masked = {r["pattern"]: r["masked"] for r in rows}
+    assert masked["all_zero"] == 0 and masked["many_low_prob"] > 0
+
+
+def test_mask_build_and_old_pass_estimate():
+    rows = mask_build.run(responses=8, max_len=256, repeats=1)
+    assert [r["distribution"] for r in rows] == ["realistic", "all_max"]
+    for r in rows:
+        assert 0 < r["tokens"] <= 8 * 256 and finite(r["total_s"]) and r["peak_tensor_bytes"] > 0
+    cost = old_pass.measure(
+        tokens=8, repeats=1, cfg={**old_pass.MEASURED, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+                                  "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32},
+    )
+    est = old_pass.batch_estimate(cost, rows[0]["lengths"], mask_build.PROMPT_LEN)
+    assert est["measured_model_s"] > 0 and est["qwen3_1p7b_s"] > 0
+    assert finite(est["qwen3_1p7b_s"])
+
+
+def test_dp_quantile_two_ranks():
+    (row,) = dp_quantile.run(worlds=(2,), per_rank=200, micro_tokens=256, repeats=2)
+    assert row["world"] == 2 and finite(row["q_ratio"]) and finite(row["detect_ratio"])
+
+
+def test_entropy_variants():
+    rows = entropy.run(tokens=4, vocab=1024, chunk=2, repeats=1)
+    assert [r["variant"] for r in rows] == list(entropy.VARIANTS)
+    assert all(finite(r["ratio_vs_logp"]) for r in rows)
+    by = {r["variant"]: r for r in rows}
+    # keeping the entropy graph costs at least one more (tokens, vocab) tensor than log-probs alone
+    assert by["logp+H"]["peak_tensor_bytes"] >= by["logp"]["peak_tensor_bytes"] + 4 * 1024 * 4
+
+
+def test_tensor_memory_counts_live_bytes():
+    x = torch.ones(1000, requires_grad=True)
+    with TensorMemory() as mode:
+        y = (x * 2).exp().sum()
+        y.backward()
+    assert mode.largest_numel == 1000
+    assert 4000 <= mode.peak <= 4 * 4000 + 64
+
+
+def test_cli_writes_only_its_sections(tmp_path, monkeypatch):
+    doc = tmp_path / "BENCHMARKS.md"
+    monkeypatch.setattr(run, "DOC", doc)
+    run.update_doc({"loss": run._section("loss", "figures A", "header")}, doc)
+    text = doc.read_text()
+    assert "figures A" in text and "Not run yet" in text and run.NOTES_MARK in text
+    run.update_doc({"mask": run._section("mask", "figures B", "header")}, doc)
+    text = doc.read_text()
+    assert "figures A" in text and "figures B" in text
+    with pytest.raises(SystemExit):
+        run.main(["--only", "nonsense"])
