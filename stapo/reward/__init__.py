@@ -3,6 +3,6 @@
 Use with ``reward.custom_reward_function.path=pkg://stapo.reward`` and ``.name=compute_score``.
 """
 
-from stapo.reward.boxed import compute_score, last_boxed, normalize_answer
+from stapo.reward.boxed import checker_name, compute_score, last_boxed, normalize_answer
 
-__all__ = ["compute_score", "last_boxed", "normalize_answer"]
+__all__ = ["checker_name", "compute_score", "last_boxed", "normalize_answer"]

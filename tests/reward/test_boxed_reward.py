@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from stapo.reward import compute_score, last_boxed, normalize_answer
+from stapo.reward import checker_name, compute_score, last_boxed, normalize_answer
 
 CASES = [
     # (model output, ground truth, correct?)
@@ -17,39 +17,86 @@ CASES = [
     ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", True),
     ("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", True),
     ("\\boxed{\\tfrac12}", "\\frac{1}{2}", True),
+    ("\\boxed{\\frac12}", "\\dfrac{1}{2}", True),
     ("\\boxed{\\frac{3}{4}}", "\\frac{1}{2}", False),
     ("\\boxed{\\sqrt{\\frac{2}{3}}}", "\\sqrt{\\frac{2}{3}}", True),
+    ("\\boxed{\\frac{\\sqrt3}{2}}", "\\frac{\\sqrt{3}}{2}", True),
+    ("\\boxed{2\\sqrt2}", "2\\sqrt{2}", True),
     ("nested: \\boxed{{a}^{2} + {b}^{2}}", "{a}^{2}+{b}^{2}", True),
+    ("\\boxed{\\frac{1}{\\frac{2}{3}}}", "\\frac{1}{\\frac{2}{3}}", True),
     ("\\boxed 7", "7", True),
     ("\\boxed 7 apples", "7", True),
+    ("$\\boxed 7$", "7", True),
+    ("\\boxed 8", "7", False),
     ("\\boxed{1,000}", "1000", True),
     ("\\boxed{1,000,000}", "1000000", True),
+    ("\\boxed{1{,}024}", "1024", True),
     ("\\boxed{(1,2)}", "(1,2)", True),
+    ("\\boxed{(1, 2)}", "(2,1)", False),
     ("\\boxed{\u22125}", "-5", True),
     ("\\boxed{-5}", "5", False),
     ("\\boxed{50\\%}", "50", True),
     ("\\boxed{50}", "50\\%", True),
     ("\\boxed{90^\\circ}", "90", True),
+    ("\\boxed{90^{\\circ}}", "90", True),
+    ("\\boxed{45^\\circ}", "90", False),
     ("\\boxed{\\text{(B)}}", "(B)", True),
+    ("\\boxed{(C)}", "C", True),
     ("\\boxed{ 3 }", "3", True),
     ("\\boxed{3.0}", "3", True),
     ("\\boxed{3.5}", "3", False),
+    ("\\boxed{0.50}", ".5", True),
     ("\\boxed{[0, 1)}", "[0,1)", True),
     ("\\boxed{\\left[0, 1\\right)}", "[0,1)", True),
     ("\\boxed{(0, 1]}", "[0,1)", False),
+    ("\\boxed{x \\in (-\\infty, 2]}", "(-\\infty,2]", True),
+    ("\\boxed{(-\\infty, 2) \\cup (3, \\infty)}", "(-\\infty,2)\\cup(3,\\infty)", True),
     ("$\\boxed{12}$.", "12", True),
-    ("\\boxed{x = 4}", "4", False),
-    ("<think>maybe \\boxed{5}</think> The answer is \\boxed{6}", "6", True),
-    ("<think>maybe \\boxed{5}</think> The answer is 6", "5", False),
-    ("no box here, the answer is 42", "42", False),
-    ("", "42", False),
-    ("\\boxed{", "42", False),
-    ("\\boxed{42", "42", False),
-    ("\\boxed{\\frac{1}{2}", "\\frac{1}{2}", False),
-    ("answer: \\boxed{2^{10}}", "2^{10}", True),
+    ("\\boxed{x = 4}", "4", True),  # DAPO keeps the right-hand side of an equation
+    ("\\boxed{x = 5}", "4", False),
+    ("\\boxed{x \\le 4}", "4", False),
+    ("\\boxed{12 \\text{ cm}}", "12", True),
+    ("\\boxed{12\\text{ cm}^2}", "12", True),
+    ("\\boxed{12 square units}", "12", True),
+    ("\\boxed{\\$18.90}", "18.90", True),
+    ("\\boxed{18.9 \\text{ dollars}}", "18.90", True),
+    ("\\boxed{\\text{m}}", "m", True),  # a variable, not a unit
+    ("\\boxed{3m + 2}", "3+2", False),
     ("\\boxed{\\pi}", "\\pi", True),
     ("\\boxed{2\\pi}", "\\pi", False),
     ("\\boxed{\\$5}", "5", True),
+    ("\\boxed{5.}", "5", True),
+    ("\\fbox{17}", "17", True),
+    ("answer: \\boxed{2^{10}}", "2^{10}", True),
+    ("\\boxed{2^{10}}", "1024", False),  # strict: no evaluation (math-verify's job)
+    ("<think>maybe \\boxed{5}</think> The answer is \\boxed{6}", "6", True),
+    ("<think>maybe \\boxed{5}</think> The answer is 6", "5", False),
+    ("<think>so it is \\boxed{5}... wait, let me", "5", False),  # reasoning cut off: no answer
+    ("Let me think.\n</think>\n\nThe area is $\\boxed{\\dfrac{9}{4}}$.", "\\frac94", True),
+    ("no box here, the answer is 42", "42", False),
+    ("", "42", False),
+    ("\\boxed{}", "42", False),
+    ("\\boxed{", "42", False),
+    ("\\boxed{42", "42", False),
+    ("\\boxed{\\frac{1}{2}", "\\frac{1}{2}", False),
+    ("\\boxed{42}", "", False),
+    ("\\boxed{42}", "The answer is \\boxed{42}.", True),  # a boxed solution as ground truth
+    (
+        "We have $a+b=7$ and $ab=12$, so $a^2+b^2=(a+b)^2-2ab=49-24=25$.\n\n"
+        "Therefore, the final answer is $\\boxed{25}$. I hope it is correct.",
+        "25",
+        True,
+    ),
+    (
+        "The probability is $\\frac{3}{8}$, so $m+n = 3+8 = 11$.\n\n**Final Answer**\n\\[\n\\boxed{11}\n\\]",
+        "11",
+        True,
+    ),
+    ("Counting the cases gives 1,234 arrangements.\n\nAnswer: \\boxed{1234}", "1,234", True),
+    ("So $x = -\\frac{7}{3}$, i.e. \\boxed{-\\dfrac{7}{3}}", "-\\frac{7}{3}", True),
+    ("So $x = -\\frac{7}{3}$, i.e. \\boxed{\\dfrac{7}{3}}", "-\\frac{7}{3}", False),
+    ("The sides are 3, 4, 5, hence \\boxed{3, 4, 5}", "3,4,5", True),
+    ("Hence the answer is \\boxed{\\textbf{(D)}\\ 24}", "24", False),  # letter + value: strict says no
 ]
 
 
@@ -62,7 +109,7 @@ def test_strict_reward_table(output, truth, correct):
 
 def test_both_signs_are_well_represented():
     signs = [c for _, _, c in CASES]
-    assert sum(signs) >= 15 and len(signs) - sum(signs) >= 12
+    assert sum(signs) >= 40 and len(signs) - sum(signs) >= 25
 
 
 def test_megabytes_of_output_score_fast():
@@ -128,3 +175,39 @@ def test_real_math_verify_on_adversarial_latex_is_bounded():
     hard = "+".join(f"x^{{{k}}}" for k in range(300)) + "=" + "*".join(f"(x+{k})" for k in range(100))
     assert verifier.equivalent("\\frac{1}{3}", hard) in (None, False)
     assert time.perf_counter() - start < 1.0 + 25.0  # the deadline (+ a restart's grace at most)
+
+
+def test_giant_inputs_with_think_blocks_stay_fast():
+    start = time.perf_counter()
+    unfinished = "<think>" + "hmm " * 1_000_000 + "\\boxed{7}"
+    assert compute_score("math", unfinished, "7")["has_answer"] == 0.0
+    finished = "<think>" + "hmm " * 1_000_000 + "</think>" + "x " * 500_000 + "\\boxed{7}"
+    assert compute_score("math", finished, "7")["score"] == 1.0
+    assert compute_score("math", "7", "\\boxed{" * 100_000)["score"] == -1.0  # junk ground truth
+    assert time.perf_counter() - start < 2.0
+
+
+def test_math_verify_switch_from_the_environment(monkeypatch):
+    monkeypatch.setenv("STAPO_MATH_VERIFY", "1")
+    result = compute_score("math", "\\boxed{0.5}", "\\frac{1}{2}")
+    assert result["score"] == 1.0 and checker_name(result) == "math_verify"
+    monkeypatch.setenv("STAPO_MATH_VERIFY", "0")
+    assert checker_name(compute_score("math", "\\boxed{0.5}", "\\frac{1}{2}")) == "strict"
+
+
+def test_math_verify_from_worker_threads():
+    """verl calls the reward from an executor's threads, where signal-based timeouts fail."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [("\\boxed{0.5}", "\\frac{1}{2}", 1.0), ("\\boxed{0.6}", "\\frac{1}{2}", -1.0)] * 4
+    with ThreadPoolExecutor(4) as pool:
+        scores = list(pool.map(lambda j: compute_score("math", j[0], j[1], math_verify=True)["score"], jobs))
+    assert scores == [j[2] for j in jobs]
+
+
+def test_every_result_has_the_same_numeric_keys():
+    """verl builds its reward extra info from the first result's keys: they must never vary."""
+    results = [compute_score("math", out, truth) for out, truth, _ in CASES]
+    keys = {tuple(sorted(r)) for r in results}
+    assert len(keys) == 1
+    assert all(isinstance(v, float) for r in results for v in r.values())
