@@ -31,7 +31,14 @@ def main(argv: list[str]) -> int:
         for source in SOURCES.values():
             print(f"{source.name:<15} {source.hub_id} (split {source.split}) -> {source.out_split}.parquet")
         return 0
+    if args.limit is not None and args.limit < 1:
+        print("stapo data: error: --limit must be >= 1")
+        return 2
     names = list(SOURCES) if args.names == ["all"] else args.names
+    unknown = [name for name in names if name not in SOURCES]
+    if unknown:
+        print(f"stapo data: error: unknown data set(s) {unknown}; known: {', '.join(SOURCES)} (or 'all')")
+        return 2
     if args.input is not None and len(names) != 1:
         print("stapo data: error: --input converts one data set; name exactly one")
         return 2

@@ -2,7 +2,8 @@
 
 Sources: the usual hub data sets (on a machine with internet) or a local JSONL / parquet file.
 Every row is validated; nothing is dropped silently: skipped rows are counted by reason, printed,
-and written next to the output as ``<split>.skipped.jsonl`` (file, row, reason).
+and written next to the output as ``<split>.skipped.jsonl`` (file, row, reason), with the counts
+in ``<split>.summary.json``. Local files are read lazily, so DAPO-Math-17k's 1.8M rows stream.
 """
 
 from __future__ import annotations
@@ -12,11 +13,17 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 QUESTION_FIELDS = ("problem", "question", "Problem", "Question", "prompt")
-ANSWER_FIELDS = ("answer", "final_answer", "Answer", "ground_truth", "solution")
+ANSWER_FIELDS = ("answer", "final_answer", "Answer", "ground_truth", "expected_answer")
+# a full worked solution is a last resort: its final \boxed{} answer becomes the ground truth
+SOLUTION_FIELDS = ("solution", "Solution")
+MAX_QUESTION_CHARS = 20_000
+MAX_ANSWER_CHARS = 1_000
 
 
 @dataclass(frozen=True)
@@ -52,31 +59,40 @@ class DataError(ValueError):
     """A file cannot be converted at all (missing, unreadable, no usable fields)."""
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
+def read_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """Rows of a local .jsonl / .json (one object a line) or .parquet file, lazily."""
+    path = Path(path)
+    if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.suffix == ".parquet":
-        import pandas as pd
+        import pyarrow.parquet as pq
 
-        return pd.read_parquet(path).to_dict(orient="records")
+        try:
+            table = pq.ParquetFile(path)
+        except Exception as error:  # pyarrow raises several types for a damaged file
+            raise DataError(f"{path}: not a readable parquet file ({error})") from None
+        return (row for batch in table.iter_batches(batch_size=4096) for row in batch.to_pylist())
     if path.suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise DataError(f"{path}: row {number} is not valid JSON ({error.msg})") from None
-        return rows
+        return _read_jsonl(path)
     raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
 
 
-def load_hub_rows(source: Source) -> list[dict[str, Any]]:  # pragma: no cover - needs the internet
+def _read_jsonl(path: Path) -> Iterator[Any]:
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                yield None  # a blank line is a row with nothing in it: counted, not dropped silently
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{path}: row {number} is not valid JSON ({error.msg})") from None
+
+
+def load_hub_rows(source: Source) -> Iterator[dict[str, Any]]:  # pragma: no cover - needs the internet
     from datasets import load_dataset
 
-    return list(load_dataset(source.hub_id, source.hub_config, split=source.split))
+    return iter(load_dataset(source.hub_id, source.hub_config, split=source.split))
 
 
 def _first(row: dict, fields: tuple[str, ...], override: str | None):
@@ -93,33 +109,63 @@ def _as_text(value: Any) -> str | None:
         value = value.tolist()
     if isinstance(value, (list, tuple)):
         value = value[0] if len(value) == 1 else None  # several answers: ambiguous
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or value is None or isinstance(value, (dict, list, tuple)):
         return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None
+        if value.is_integer():
+            value = int(value)
     text = str(value).strip()
     return text or None
 
 
-def extract(row: dict, question_field: str | None = None, answer_field: str | None = None) -> tuple[str | None, str | None, str]:
+def _user_turn(prompt: Any) -> str | None:
+    """The last user message of a chat-format prompt (verl rows, DAPO-Math-17k)."""
+    messages = prompt.tolist() if hasattr(prompt, "tolist") else prompt
+    user = [m.get("content") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    if not user or not isinstance(user[-1], str):
+        return None
+    return _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", user[-1])).strip()
+
+
+def extract(row: Any, question_field: str | None = None, answer_field: str | None = None) -> tuple[str | None, str | None, str]:
     """(question, answer, reason) from a raw row; reason is "" when both are usable."""
-    if isinstance(row.get("prompt"), (list, tuple)) or hasattr(row.get("prompt"), "tolist"):
-        messages = row["prompt"].tolist() if hasattr(row["prompt"], "tolist") else row["prompt"]
-        user = [m.get("content", "") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-        question = _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", user[-1])) if user else None
-        answer = _as_text((row.get("reward_model") or {}).get("ground_truth"))
+    from stapo.reward import last_boxed
+
+    if not isinstance(row, dict):
+        return None, None, "not a JSON object" if row is not None else "empty line"
+    prompt = row.get("prompt")
+    if question_field is None and (isinstance(prompt, (list, tuple)) or hasattr(prompt, "tolist")):
+        question = _user_turn(prompt)
+        reward_model = row.get("reward_model") if isinstance(row.get("reward_model"), dict) else {}
+        answer = _as_text(reward_model.get("ground_truth")) or _as_text(_first(row, ANSWER_FIELDS, answer_field))
     else:
-        question = _as_text(_first(row, QUESTION_FIELDS, question_field))
+        raw_question = _first(row, QUESTION_FIELDS, question_field)
+        question = raw_question.strip() if isinstance(raw_question, str) else None
         answer = _as_text(_first(row, ANSWER_FIELDS, answer_field))
+        if answer is None and answer_field is None:
+            solution = _first(row, SOLUTION_FIELDS, None)
+            if isinstance(solution, str):
+                answer = last_boxed(solution)
+                if answer is None:
+                    return question, None, "no answer field and no \\boxed{} answer in the solution"
     if not question:
         return None, answer, "missing question"
+    if len(question) > MAX_QUESTION_CHARS:
+        return question, answer, f"question longer than {MAX_QUESTION_CHARS} characters"
+    if answer:
+        wrapped = re.fullmatch(r"\$+([^$]*)\$+", answer)  # OlympiadBench writes "$12$"
+        answer = wrapped.group(1).strip() if wrapped else answer
     if not answer:
         return question, None, "missing or ambiguous answer"
-    return question.strip(), answer, ""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return question, answer, f"answer longer than {MAX_ANSWER_CHARS} characters"
+    return question, answer, ""
 
 
 def convert(
-    rows: list[dict],
+    rows: Iterable[Any],
     name: str,
     split: str,
     origin: str,
@@ -166,14 +212,22 @@ def prepare(
         raise DataError(f"unknown data set {name!r}; known: {', '.join(SOURCES)}")
     source = SOURCES[name]
     if input_path is not None:
-        rows, origin = read_rows(input_path), str(input_path)
+        rows, origin = read_rows(Path(input_path)), str(input_path)
     else:
-        rows, origin = load_hub_rows(source), source.hub_id
+        try:
+            rows, origin = load_hub_rows(source), source.hub_id
+        except Exception as error:  # offline, gated, renamed: say what to do instead
+            raise DataError(
+                f"{source.hub_id} (split {source.split}): could not load from the hub ({type(error).__name__}: "
+                f"{error}); fetch it on a machine with internet and pass the file with --input"
+            ) from None
     if limit is not None:
-        rows = rows[:limit]
+        rows = islice(rows, limit)
     out, skipped = convert(rows, name, source.out_split, origin, dedup, question_field, answer_field)
+    reasons = dict(Counter(record["reason"] for record in skipped))
+    rows_in = len(out) + len(skipped)
     if not out:
-        raise DataError(f"{origin}: no usable row among {len(rows)} ({dict(Counter(s['reason'] for s in skipped))})")
+        raise DataError(f"{origin}: no usable row among {rows_in} (skipped: {reasons})")
     target = Path(out_dir) / name
     target.mkdir(parents=True, exist_ok=True)
     parquet = target / f"{source.out_split}.parquet"
@@ -183,10 +237,14 @@ def prepare(
     with (target / f"{source.out_split}.skipped.jsonl").open("w", encoding="utf-8") as handle:
         for record in skipped:
             handle.write(json.dumps(record) + "\n")
-    return {
+    summary = {
         "name": name,
+        "source": origin,
         "output": str(parquet),
-        "rows_in": len(rows),
+        "rows_in": rows_in,
         "rows_out": len(out),
-        "skipped": dict(Counter(record["reason"] for record in skipped)),
+        "skipped": reasons,
+        "dedup": dedup,
     }
+    (target / f"{source.out_split}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary

@@ -83,3 +83,76 @@ def test_cli_prepare_and_strict(tmp_path, capsys):
     assert data_main(["prepare", "amc23", "--input", str(FIXTURES / "aime_like.jsonl"), "--out", str(tmp_path),
                       "--strict"]) == 1
     assert "skipped rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "name, fixture, truths, skipped",
+    [
+        ("olympiadbench", "olympiad_like.jsonl", ["12", "55"],
+         {"missing or ambiguous answer": 1, "not a JSON object": 1}),
+        ("amc23", "amc_like.jsonl", ["25", "3.5"], {"missing or ambiguous answer": 1}),
+        ("math500", "math500_like.jsonl", ["\\left( 3, \\frac{\\pi}{2} \\right)", "\\sqrt{53}"], {}),
+        ("minerva", "minerva_like.jsonl", ["12", "1"],
+         {"no answer field and no \\boxed{} answer in the solution": 1}),
+        ("dapo_math_17k", "dapo_like.jsonl", ["169", "7", "169", "10", "7"], {"missing or ambiguous answer": 1}),
+    ],
+)
+def test_each_benchmark_shape_converts(tmp_path, name, fixture, truths, skipped):
+    summary = prepare(name, tmp_path, FIXTURES / fixture)
+    frame = pd.read_parquet(summary["output"])
+    assert list(frame["reward_model"].map(lambda r: r["ground_truth"])) == truths
+    assert summary["skipped"] == skipped and summary["rows_in"] == len(truths) + sum(skipped.values())
+    assert all(p[0]["content"].endswith(SUFFIX) and len(p) == 1 for p in frame["prompt"])
+    assert list(frame["extra_info"].map(lambda e: e["index"])) == list(range(len(truths)))
+    written = json.loads((Path(summary["output"]).parent / f"{Path(summary['output']).stem}.summary.json").read_text())
+    assert written["skipped"] == skipped and written["rows_out"] == len(truths)
+    # every prepared ground truth is accepted by the reward when boxed verbatim
+    for truth in truths:
+        assert compute_score(f"stapo/{name}", f"\\boxed{{{truth}}}", truth)["score"] == 1.0
+
+
+def test_dapo_dedup_ignores_whitespace_and_keeps_the_first(tmp_path):
+    summary = prepare("dapo_math_17k", tmp_path, FIXTURES / "dapo_like.jsonl", dedup=True)
+    assert summary["rows_out"] == 3
+    assert summary["skipped"] == {"duplicate question": 2, "missing or ambiguous answer": 1}
+    frame = pd.read_parquet(summary["output"])
+    assert [e["source_row"] for e in frame["extra_info"]] == [1, 2, 4]
+    assert not any("Answer:" in p[0]["content"] for p in frame["prompt"])
+
+
+def test_parquet_input_and_limit(tmp_path):
+    source = tmp_path / "bench.parquet"
+    pd.read_json(FIXTURES / "math500_like.jsonl", lines=True).to_parquet(source)
+    summary = prepare("math500", tmp_path / "out", source, limit=1)
+    assert (summary["rows_in"], summary["rows_out"]) == (1, 1)
+    with pytest.raises(DataError, match="not a readable parquet file"):
+        bad = tmp_path / "bad.parquet"
+        bad.write_bytes(b"not parquet")
+        prepare("math500", tmp_path / "out", bad)
+
+
+def test_hub_path_asks_for_the_right_dataset_and_split(tmp_path, monkeypatch):
+    """The `datasets.load_dataset` path, with a stand-in module (no download in tests)."""
+    import sys
+    import types
+
+    calls = []
+
+    def load_dataset(name, config=None, split=None):
+        calls.append((name, config, split))
+        if name == "HuggingFaceH4/MATH-500":
+            return [json.loads(line) for line in (FIXTURES / "math500_like.jsonl").read_text().splitlines()]
+        raise ConnectionError("offline")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    assert prepare("math500", tmp_path)["rows_out"] == 2
+    with pytest.raises(DataError, match=r"DAPO-Math-17k \(split train\): could not load.*--input"):
+        prepare("dapo_math_17k", tmp_path)
+    assert calls == [("HuggingFaceH4/MATH-500", None, "test"), ("BytedTsinghua-SIA/DAPO-Math-17k", None, "train")]
+
+
+def test_cli_rejects_unknown_names_and_bad_limits(tmp_path, capsys):
+    assert data_main(["prepare", "gsm9k", "--out", str(tmp_path)]) == 2
+    assert data_main(["prepare", "aime24", "--limit", "0", "--out", str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert "unknown data set(s) ['gsm9k']" in out and "--limit must be >= 1" in out
