@@ -43,6 +43,7 @@ class BoundedVerifier:
         self._process: mp.Process | None = None
         self._conn: Connection | None = None
         self._warm = False
+        self._warned = False
 
     def _start(self) -> None:
         parent, child = mp.get_context("spawn").Pipe()
@@ -62,12 +63,20 @@ class BoundedVerifier:
         if len(answer) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
             return None
         with self._lock:  # one question in flight per child
-            if self._process is None or not self._process.is_alive():
-                self._start()
-            self._conn.send((gold, answer))
-            if self._conn.poll(self.timeout_s + (0.0 if self._warm else STARTUP_GRACE_S)):
-                self._warm = True
-                return self._conn.recv()
+            try:
+                if self._process is None or not self._process.is_alive():
+                    self._start()
+                self._conn.send((gold, answer))
+                if self._conn.poll(self.timeout_s + (0.0 if self._warm else STARTUP_GRACE_S)):
+                    self._warm = True
+                    return self._conn.recv()
+            except (OSError, EOFError, AssertionError) as error:
+                # no child possible here (e.g. inside a daemonic process) or it died mid-answer:
+                # unverified, never an exception in the reward loop
+                if not self._warned:
+                    self._warned = True
+                    print(f"[stapo.reward] math-verify unavailable ({type(error).__name__}: {error}); "
+                          "answers it would check count as unverified", flush=True)
             self._stop()
             return None
 

@@ -211,3 +211,15 @@ def test_every_result_has_the_same_numeric_keys():
     keys = {tuple(sorted(r)) for r in results}
     assert len(keys) == 1
     assert all(isinstance(v, float) for r in results for v in r.values())
+
+
+def die_at_once(conn) -> None:
+    """A stand-in child that crashes before answering."""
+    raise SystemExit(3)
+
+
+def test_a_crashing_checker_is_unverified_not_an_exception():
+    from stapo.reward.verify import BoundedVerifier
+
+    verifier = BoundedVerifier(timeout_s=0.5, serve=die_at_once)
+    assert verifier.equivalent("1", "1") is None
