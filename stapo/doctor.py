@@ -485,9 +485,11 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
     parser.add_argument("--working-dir", help="working directory to upload for the probes, as the job does")
     parser.add_argument("--skip", default="", help=f"comma list of checks to skip: {','.join(CHECK_NAMES)}")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds for each phase of the probes")
+    parser.add_argument("--connect-timeout", type=float, default=90.0, help="seconds to join the cluster")
     parser.add_argument("--shared-wait", type=float, default=10.0,
                         help="seconds a node waits to see the others' marker files (NFS caches listings)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("-v", "--verbose", action="store_true", help="per-node details of passing checks too")
     args = parser.parse_args(argv)
 
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -557,10 +559,10 @@ def _print_report(address: str, plan: dict[str, Any], args: argparse.Namespace, 
     width = max(len(r.name) for r in results) if results else 8
     for result in results:
         print(f"[{result.status:^4}] {result.name:<{width}}  {result.summary}")
-        if result.status in (FAIL, WARN):
+        if result.status in (FAIL, WARN) or args.verbose:
             for line in result.details:
                 print(f"       {'':<{width}}  {line}")
-            if result.fix:
+            if result.fix and result.status in (FAIL, WARN):
                 print(f"       {'':<{width}}  fix: {result.fix}")
     failed = [r.name for r in results if r.status == FAIL]
     warned = [r.name for r in results if r.status == WARN]
@@ -571,12 +573,60 @@ def _print_report(address: str, plan: dict[str, Any], args: argparse.Namespace, 
         print("all checks passed" + (f" (warnings: {', '.join(warned)})" if warned else ""))
 
 
+def _gcs_reachable(address: str, timeout: float) -> str | None:
+    """None when host:port accepts a TCP connection (Ray's own connect retries for many minutes)."""
+    import socket
+
+    if address in ("auto", "local") or address.startswith("ray://") or ":" not in address:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except (OSError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def _connect_watchdog(address: str, timeout: float):
+    """ray.init can block for minutes on a half-alive cluster: give up after ``timeout`` seconds."""
+    import threading
+
+    def expire() -> None:
+        print(
+            f"stapo doctor: error: joining the Ray cluster at {address!r} took more than {timeout:g}s\n"
+            f"fix: {_CONNECT_FIX}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(2)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+_CONNECT_FIX = (
+    "start it (launch/ray/start_head.sh) and pass --address <head>:<GCS port> or set RAY_ADDRESS; run the "
+    "doctor on a node of the cluster (or submit it as a Ray job); with token authentication the head's "
+    "~/.ray/auth_token (or RAY_AUTH_TOKEN) must be available here"
+)
+
+
 def main(argv: list[str]) -> int:
     args, plan = _parse(list(argv))
     _ensure_auth_env()
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    unreachable = _gcs_reachable(args.address, timeout=min(10.0, args.connect_timeout))
+    if unreachable:
+        print(
+            f"stapo doctor: error: nothing answers at {args.address!r} ({unreachable})\nfix: {_CONNECT_FIX}",
+            file=sys.stderr,
+        )
+        return 2
     import ray
 
+    watchdog = _connect_watchdog(args.address, args.connect_timeout)
     try:
         ray.init(
             address=args.address,
@@ -588,12 +638,12 @@ def main(argv: list[str]) -> int:
     except Exception as error:  # noqa: BLE001 - any failure to join is the user's to fix
         print(
             f"stapo doctor: error: cannot join the Ray cluster at {args.address!r}: {type(error).__name__}: "
-            f"{str(error)[:800]}\nfix: start it (launch/ray/start_head.sh) and pass --address <head>:<GCS port> "
-            "or set RAY_ADDRESS; run the doctor on a node of the cluster (or submit it as a Ray job); with token "
-            "authentication the head's ~/.ray/auth_token (or RAY_AUTH_TOKEN) must be available here",
+            f"{str(error)[:800]}\nfix: {_CONNECT_FIX}",
             file=sys.stderr,
         )
         return 2
+    finally:
+        watchdog.cancel()
     try:
         address = ray.get_runtime_context().gcs_address
         nodes, results = run_checks(args, plan)
