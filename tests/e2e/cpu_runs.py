@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -93,4 +94,9 @@ def run_recipe(overrides: list[str], ckpt_dir: Path, timeout: int = 600) -> Run:
     finally:
         done.set()
         sampler.join()
+        try:  # whatever of this run's own session outlived the driver (a stray raylet): stop it
+            os.killpg(proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     return Run(proc.returncode, log, time.time() - started, peak[0], parse_steps(log))
