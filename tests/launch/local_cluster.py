@@ -80,7 +80,7 @@ class LocalCluster:
     def logs(self) -> str:
         return "\n".join(f"==== {n.name}\n{n.log.read_text()[-3000:]}" for n in self.nodes if n.log.exists())
 
-    def stop(self, grace_s: float = 20.0) -> list[int]:
+    def stop(self, grace_s: float = 10.0) -> list[int]:
         """Stop our nodes only. Returns the pids that had to be killed after the grace period."""
         for node in self.nodes:
             node.remember_tree()

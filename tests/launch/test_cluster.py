@@ -1,0 +1,115 @@
+"""A real two-node Ray cluster on this machine, started by launch/ray/start_head.sh and
+start_worker.sh with one logical GPU slot each (the CPU back-end's resource is also called "GPU"):
+the preflight against it, then the tiny CPU STAPO run submitted through launch/ray/submit.sh with
+trainer.nnodes=2 trainer.n_gpus_per_node=1 (one FSDP rank per node), then the cluster is stopped.
+
+Only the processes the scripts started are signalled; nothing calls `ray stop` (other people run
+Ray on the same machine).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.launch.local_cluster import REPO, LocalCluster, start_cluster
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray")  # short: Ray's socket paths are limited to ~107 characters
+    shared = tmp_path_factory.mktemp("shared")
+    started = time.monotonic()
+    cluster = start_cluster(root, shared, num_cpus=8, num_gpus=1)
+    print(f"[launch] two-node cluster up in {time.monotonic() - started:.1f} s at {cluster.gcs_address}")
+    cluster.shared = shared
+    yield cluster
+    cluster.stop()
+
+
+def _doctor(cluster: LocalCluster, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "stapo.cli", "doctor", "--address", cluster.gcs_address, *args],
+        env=cluster.env, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+    )
+    print(f"[launch] stapo doctor {' '.join(args)}: rc={result.returncode} in {time.monotonic() - started:.1f} s")
+    return result
+
+
+@pytest.mark.timeout(400)
+def test_preflight_passes_on_the_two_node_cluster(cluster):
+    ckpt = cluster.shared / "ckpt"
+    result = _doctor(cluster, "-v", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
+                     f"trainer.default_local_dir={ckpt}", "model_preset=tiny")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr + cluster.logs()
+    assert "2 alive node(s)" in out
+    for name in ("resources", "versions", "checkpoint", "plugin", "network"):
+        assert f"[ OK ] {name}" in out, out
+    assert "shared by all 2 node(s)" in out
+    # the markers are cleaned up again
+    assert not any((ckpt / ".stapo-doctor").glob("*/*.marker"))
+    print(out)
+
+
+@pytest.mark.timeout(300)
+def test_preflight_names_what_is_wrong(cluster, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = _doctor(cluster, "--json", "--skip", "plugin,network", "trainer.nnodes=3", "trainer.n_gpus_per_node=1",
+                     f"trainer.default_local_dir={blocker}/ckpt")
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = {r["name"]: r for r in json.loads(result.stdout)["results"]}
+    assert set(report) == {"resources", "versions", "checkpoint"}
+    assert report["resources"]["status"] == "FAIL"
+    assert "only 2 node(s) have >= 1 'GPU'" in report["resources"]["summary"]
+    assert report["checkpoint"]["status"] == "FAIL" and "not writable from 2 node(s)" in report["checkpoint"]["summary"]
+    assert all("NotADirectoryError" in line or "FileExistsError" in line for line in report["checkpoint"]["details"])
+    assert report["versions"]["status"] == "OK"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_tiny_stapo_job_on_two_nodes_through_submit_sh(cluster):
+    ckpt = cluster.shared / "job-ckpt"
+    job_id = f"stapo-test-{int(time.time())}"
+    env = dict(cluster.env, RAY_ADDRESS=cluster.dashboard_url, STAPO_WAIT="1", STAPO_JOB_ID=job_id)
+    started = time.monotonic()
+    try:
+        result = subprocess.run(
+            ["bash", "launch/ray/submit.sh", "model_preset=tiny", "algo=stapo", "trainer.nnodes=2",
+             "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.save_freq=2",
+             f"trainer.default_local_dir={ckpt}"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=480,
+        )
+    except subprocess.TimeoutExpired:
+        subprocess.run(["ray", "job", "stop", "--address", cluster.dashboard_url, job_id], env=env, timeout=60)
+        raise
+    seconds = time.monotonic() - started
+    log = result.stdout + result.stderr
+    print(f"[launch] tiny STAPO job, 2 nodes x 1 slot, 2 steps, submitted with submit.sh: {seconds:.0f} s")
+    assert result.returncode == 0, log[-8000:]
+    assert f"job {job_id} succeeded" in result.stderr
+    assert f"ray job logs --address {cluster.dashboard_url} --follow {job_id}" in result.stderr
+    assert f"ray job stop --address {cluster.dashboard_url} {job_id}" in result.stderr
+    assert "step:2 - " in log and "actor/stapo/mask_ratio" in log, log[-8000:]
+    # two FSDP ranks, one per node (each node has exactly one slot), wrote to the shared directory
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    actor = ckpt / "global_step_2" / "actor"
+    assert {p.name for p in actor.glob("model_world_size_2_rank_*.pt")} == {
+        "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"}
+
+
+def test_the_cluster_stops_without_leftovers(cluster):
+    started = time.monotonic()
+    cluster.stop()
+    print(f"[launch] cluster stopped in {time.monotonic() - started:.1f} s")
+    assert cluster.own_processes() == []
+    assert all(node.proc.poll() is not None for node in cluster.nodes)
