@@ -46,14 +46,17 @@ def _doctor(cluster: LocalCluster, *args: str, timeout: float = 240) -> subproce
 @pytest.mark.timeout(400)
 def test_preflight_passes_on_the_two_node_cluster(cluster):
     ckpt = cluster.shared / "ckpt"
-    result = _doctor(cluster, "-v", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
-                     f"trainer.default_local_dir={ckpt}", "model_preset=tiny")
+    # in the job's own runtime env, with the repository uploaded as its working dir, as submit.sh does
+    result = _doctor(cluster, "-v", "--runtime-env", "launch/ray/runtime_env.yaml", "--working-dir", str(REPO),
+                     "trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={ckpt}",
+                     "model_preset=tiny")
     out = result.stdout
     assert result.returncode == 0, out + result.stderr + cluster.logs()
     assert "2 alive node(s)" in out
     for name in ("resources", "versions", "checkpoint", "plugin", "network"):
         assert f"[ OK ] {name}" in out, out
     assert "shared by all 2 node(s)" in out
+    assert out.count("working_dir_files") == 2, out  # the probes ran from the uploaded copy
     # the markers are cleaned up again
     assert not any((ckpt / ".stapo-doctor").glob("*/*.marker"))
     print(out)
@@ -63,11 +66,16 @@ def test_preflight_passes_on_the_two_node_cluster(cluster):
 def test_preflight_names_what_is_wrong(cluster, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    result = _doctor(cluster, "--json", "--skip", "plugin,network", "trainer.nnodes=3", "trainer.n_gpus_per_node=1",
-                     f"trainer.default_local_dir={blocker}/ckpt")
+    # workers where `import verl` loads no plugins: STAPO's loss is not registered there
+    no_plugins = tmp_path / "no-plugins.yaml"
+    no_plugins.write_text('env_vars:\n  VERL_USE_EXTERNAL_PLUGINS: "none"\n')
+    result = _doctor(cluster, "--json", "--skip", "network", "--runtime-env", str(no_plugins), "trainer.nnodes=3",
+                     "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={blocker}/ckpt")
     assert result.returncode == 1, result.stdout + result.stderr
     report = {r["name"]: r for r in json.loads(result.stdout)["results"]}
-    assert set(report) == {"resources", "versions", "checkpoint"}
+    assert set(report) == {"resources", "versions", "checkpoint", "plugin"}
+    assert report["plugin"]["status"] == "FAIL" and "2 of 2 node(s)" in report["plugin"]["summary"]
+    assert all("Unsupported loss mode: stapo" in line for line in report["plugin"]["details"])
     assert report["resources"]["status"] == "FAIL"
     assert "only 2 node(s) have >= 1 'GPU'" in report["resources"]["summary"]
     assert report["checkpoint"]["status"] == "FAIL" and "not writable from 2 node(s)" in report["checkpoint"]["summary"]
