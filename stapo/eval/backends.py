@@ -63,7 +63,7 @@ def make_generator(backend: str, model_path: str, **kwargs):
     if backend == "auto":
         backend = "vllm" if torch.cuda.is_available() else "hf"
     if backend == "vllm":
-        return VLLMGenerator(model_path, **kwargs)
+        return VLLMGenerator(model_path, **{k: v for k, v in kwargs.items() if k != "batch_size"})
     if backend == "hf":
-        return HFGenerator(model_path)
+        return HFGenerator(model_path, **{k: v for k, v in kwargs.items() if k == "batch_size"})
     raise ValueError(f"--backend must be one of auto, hf, vllm, got {backend!r}")

@@ -19,7 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--limit", type=int, help="first N prompts of each benchmark (quick checks)")
     parser.add_argument("--backend", default="auto", choices=["auto", "hf", "vllm"])
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only")
+    parser.add_argument("--batch-size", type=int, default=16, help="HF only: sequences generated at once")
+    parser.add_argument("--threads", type=int, help="HF only: torch CPU threads (1 is fastest on a busy machine)")
     parser.add_argument("--math-verify", action="store_true", help="math-verify second opinion on strict misses")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("eval_results"))
@@ -45,7 +47,16 @@ def main(argv: list[str]) -> int:
         return 2
     from stapo.eval.backends import make_generator
 
-    kwargs = {"tensor_parallel_size": args.tensor_parallel_size} if args.backend == "vllm" else {}
+    if args.batch_size < 1 or args.tensor_parallel_size < 1:
+        print("stapo eval: error: --batch-size and --tensor-parallel-size must be >= 1")
+        return 2
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
+    kwargs = {"batch_size": args.batch_size}
+    if args.backend != "hf":  # room for a prompt (the recipe's 1k) plus the generation limit
+        kwargs.update(tensor_parallel_size=args.tensor_parallel_size, max_model_len=args.max_tokens + 2048)
     generate = make_generator(args.backend, args.checkpoint, **kwargs)
     evaluate(generate, benchmarks, args.out, settings, args.n, args.max_tokens, args.limit, args.seed, args.math_verify)
     print((args.out / "results.md").read_text())

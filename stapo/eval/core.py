@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stapo.reward import compute_score, last_boxed
+from stapo.reward import checker_name, compute_score, last_boxed
 
 PAPER_N = {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
 DECODING = {"T1.0": {"temperature": 1.0, "top_p": 1.0}, "T0.7": {"temperature": 0.7, "top_p": 0.9}}
@@ -66,6 +66,13 @@ def evaluate(
     """Run every benchmark under every setting; write samples.jsonl, results.md and results.csv."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, float]] = {}
+    n_used: dict[str, int] = {}
+    run = {
+        "benchmarks": {name: str(path) for name, path in benchmarks.items()},
+        "settings": {s: DECODING[s] for s in settings}, "n": {b: n_override or PAPER_N.get(b, 4) for b in benchmarks},
+        "max_tokens": max_tokens, "limit": limit, "seed": seed, "math_verify": math_verify,
+    }
+    (out_dir / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     with (out_dir / "samples.jsonl").open("w", encoding="utf-8") as samples_file:
         for name, path in benchmarks.items():
             problems = load_benchmark(name, path, limit)
@@ -73,12 +80,18 @@ def evaluate(
             for setting in settings:
                 params = DECODING[setting]
                 texts = generate([p.messages for p in problems], n, params["temperature"], params["top_p"], max_tokens, seed)
+                counts = [len(samples) for samples in texts]
+                if len(texts) != len(problems) or any(c != n for c in counts):
+                    raise RuntimeError(
+                        f"{name} {setting}: the back-end returned {counts[:8]}... samples for {len(problems)} prompts, "
+                        f"expected {n} each; avg@{n} would be wrong"
+                    )
                 scores: dict[int, list[float]] = {}
                 for problem, samples in zip(problems, texts):
                     for sample_index, text in enumerate(samples):
                         scored = compute_score(problem.data_source, text, problem.ground_truth, math_verify=math_verify)
                         scores.setdefault(problem.prompt_id, []).append(scored["acc"])
-                        checker = next(k[8:] for k in ("checker_strict", "checker_math_verify", "checker_timeout") if scored[k])
+                        checker = checker_name(scored)
                         record = {
                             "benchmark": name, "setting": setting, "prompt_id": problem.prompt_id,
                             "sample": sample_index, "text": text, "extracted": last_boxed(text),
@@ -87,19 +100,26 @@ def evaluate(
                         samples_file.write(json.dumps(record) + "\n")  # ASCII: no raw U+2028 to split lines
                 samples_file.flush()
                 results.setdefault(name, {})[setting] = avg_at_n(scores)
+                n_used[name] = n
                 print(f"[eval] {name} {setting} avg@{n}: {results[name][setting]:.2f}", flush=True)
-    write_tables(results, settings, out_dir)
+    write_tables(results, settings, out_dir, n_used)
     return results
 
 
-def write_tables(results: dict[str, dict[str, float]], settings: tuple[str, ...], out_dir: Path) -> None:
-    """The paper's layout: one row per benchmark plus the average, one column per decoding setting."""
+def write_tables(
+    results: dict[str, dict[str, float]], settings: tuple[str, ...], out_dir: Path, n_used: dict[str, int] | None = None
+) -> None:
+    """The paper's layout: one row per benchmark plus the (unweighted) average of the benchmarks,
+    one column per decoding setting; the N of avg@N in its own column."""
+    n_used = n_used or {}
     average = {s: sum(r[s] for r in results.values()) / len(results) for s in settings}
-    rows = [(name, [results[name][s] for s in settings]) for name in results] + [("Average", [average[s] for s in settings])]
-    lines = ["| benchmark | " + " | ".join(settings) + " |", "|---" * (len(settings) + 1) + "|"]
-    lines += [f"| {name} | " + " | ".join(f"{v:.2f}" for v in values) + " |" for name, values in rows]
+    rows = [(name, str(n_used.get(name, "")), [results[name][s] for s in settings]) for name in results]
+    rows.append(("Average", "", [average[s] for s in settings]))
+    headers = [f"{s} (T={DECODING[s]['temperature']}, top-p={DECODING[s]['top_p']})" for s in settings]
+    lines = ["| benchmark | avg@N | " + " | ".join(headers) + " |", "|---" * (len(settings) + 2) + "|"]
+    lines += [f"| {name} | {n} | " + " | ".join(f"{v:.2f}" for v in values) + " |" for name, n, values in rows]
     (out_dir / "results.md").write_text("\n".join(lines) + "\n")
     with (out_dir / "results.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["benchmark", *settings])
-        writer.writerows([[name, *[f"{v:.4f}" for v in values]] for name, values in rows])
+        writer.writerow(["benchmark", "n", *settings])
+        writer.writerows([[name, n, *[f"{v:.4f}" for v in values]] for name, n, values in rows])
