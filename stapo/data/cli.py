@@ -15,7 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the data sets this command knows")
     prep = sub.add_parser("prepare", help="convert a data set (from the hub, or from --input)")
     prep.add_argument("names", nargs="+", help=f"one or more of: {', '.join(SOURCES)}, or 'all'")
-    prep.add_argument("--out", type=Path, default=Path.home() / "data" / "stapo", help="output root (default ~/data/stapo)")
+    prep.add_argument(
+        "--out", type=Path, default=Path.home() / "data" / "stapo", help="output root (default ~/data/stapo)"
+    )
     prep.add_argument("--input", type=Path, help="a local .jsonl or .parquet file instead of the hub (one name only)")
     prep.add_argument("--dedup", action="store_true", help="drop repeated questions (DAPO-Math-17k repeats each ~100x)")
     prep.add_argument("--limit", type=int, help="convert only the first N rows")
@@ -45,7 +47,9 @@ def main(argv: list[str]) -> int:
     status = 0
     for name in names:
         try:
-            summary = prepare(name, args.out, args.input, args.dedup, args.limit, args.question_field, args.answer_field)
+            summary = prepare(
+                name, args.out, args.input, args.dedup, args.limit, args.question_field, args.answer_field
+            )
         except DataError as error:
             print(f"stapo data: error: {error}")
             return 2

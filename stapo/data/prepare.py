@@ -129,7 +129,9 @@ def _user_turn(prompt: Any) -> str | None:
     return _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", user[-1])).strip()
 
 
-def extract(row: Any, question_field: str | None = None, answer_field: str | None = None) -> tuple[str | None, str | None, str]:
+def extract(
+    row: Any, question_field: str | None = None, answer_field: str | None = None
+) -> tuple[str | None, str | None, str]:
     """(question, answer, reason) from a raw row; reason is "" when both are usable."""
     from stapo.reward import last_boxed
 

@@ -33,12 +33,15 @@ class HFGenerator:
         per_batch = max(1, self.batch_size // n)
         for start in range(0, len(texts), per_batch):
             encoded = self.tokenizer(texts[start : start + per_batch], return_tensors="pt", padding=True)
+            room = getattr(self.model.config, "max_position_embeddings", None)
+            new_tokens = max_tokens if room is None else max(1, min(max_tokens, room - encoded["input_ids"].shape[1]))
             sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
             generated = self.model.generate(
-                **encoded, max_new_tokens=max_tokens, num_return_sequences=n, eos_token_id=self.eos_ids,
+                **encoded, max_new_tokens=new_tokens, num_return_sequences=n, eos_token_id=self.eos_ids,
                 pad_token_id=self.pad_id, **(sampling if temperature > 0 else {"do_sample": False}),
             )
-            decoded = self.tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+            prompt_len = encoded["input_ids"].shape[1]
+            decoded = self.tokenizer.batch_decode(generated[:, prompt_len:], skip_special_tokens=True)
             outputs += [decoded[i : i + n] for i in range(0, len(decoded), n)]
         return outputs
 

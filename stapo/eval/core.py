@@ -79,7 +79,8 @@ def evaluate(
             n = n_override or PAPER_N.get(name, 4)
             for setting in settings:
                 params = DECODING[setting]
-                texts = generate([p.messages for p in problems], n, params["temperature"], params["top_p"], max_tokens, seed)
+                prompts = [p.messages for p in problems]
+                texts = generate(prompts, n, params["temperature"], params["top_p"], max_tokens, seed)
                 counts = [len(samples) for samples in texts]
                 if len(texts) != len(problems) or any(c != n for c in counts):
                     raise RuntimeError(

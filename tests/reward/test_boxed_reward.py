@@ -58,6 +58,8 @@ CASES = [
     ("\\boxed{12 \\text{ cm}}", "12", True),
     ("\\boxed{12\\text{ cm}^2}", "12", True),
     ("\\boxed{12 square units}", "12", True),
+    ("\\boxed{\\text{12 cm}}", "12", True),
+    ("\\boxed{12\\,\\text{cm}}", "12", True),
     ("\\boxed{\\$18.90}", "18.90", True),
     ("\\boxed{18.9 \\text{ dollars}}", "18.90", True),
     ("\\boxed{\\text{m}}", "m", True),  # a variable, not a unit
