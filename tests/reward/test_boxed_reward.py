@@ -225,3 +225,21 @@ def test_a_crashing_checker_is_unverified_not_an_exception():
 
     verifier = BoundedVerifier(timeout_s=0.5, serve=die_at_once)
     assert verifier.equivalent("1", "1") is None
+
+
+def test_loaded_through_verls_custom_reward_hook_with_reward_kwargs():
+    """The exact path verl takes: pkg://stapo.reward + compute_score, reward_kwargs merged in."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    config = OmegaConf.create(
+        {"reward": {"custom_reward_function": {
+            "path": "pkg://stapo.reward", "name": "compute_score",
+            "reward_kwargs": {"math_verify": True, "verify_timeout_s": 5},
+        }}}
+    )
+    reward_fn = get_custom_reward_fn(config)
+    result = reward_fn(data_source="stapo/math500", solution_str="so \\boxed{0.5}", ground_truth="\\frac12",
+                       extra_info={"split": "test", "index": 0})
+    assert result["score"] == 1.0 and result["checker_math_verify"] == 1.0
+    assert reward_fn(data_source="x", solution_str="\\boxed{3}", ground_truth="3", extra_info=None)["score"] == 1.0
