@@ -243,3 +243,37 @@ def test_loaded_through_verls_custom_reward_hook_with_reward_kwargs():
                        extra_info={"split": "test", "index": 0})
     assert result["score"] == 1.0 and result["checker_math_verify"] == 1.0
     assert reward_fn(data_source="x", solution_str="\\boxed{3}", ground_truth="3", extra_info=None)["score"] == 1.0
+
+
+def test_math_verify_and_its_deadline_inside_a_ray_actor():
+    """Inside a Ray worker, from executor threads (as verl's reward loop calls it): real math-verify
+    answers, a hanging check is cut at its deadline, and the next check works."""
+    import os
+    from pathlib import Path
+
+    ray = pytest.importorskip("ray")
+    root = str(Path(__file__).resolve().parents[2])
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}})
+    try:
+        @ray.remote
+        def in_worker():
+            from concurrent.futures import ThreadPoolExecutor
+
+            from stapo.reward import compute_score
+            from stapo.reward.verify import BoundedVerifier
+            from tests.reward.test_boxed_reward import hang_on_loop
+
+            jobs = [("\\boxed{0.5}", "\\frac{1}{2}"), ("\\boxed{0.6}", "\\frac{1}{2}")]
+            with ThreadPoolExecutor(2) as pool:
+                scores = list(pool.map(lambda j: compute_score("m", j[0], j[1], math_verify=True)["score"], jobs))
+            verifier = BoundedVerifier(timeout_s=0.5, serve=hang_on_loop)
+            verifier.equivalent("1", "1")
+            start = time.perf_counter()
+            hung = verifier.equivalent("1", "loop")
+            return scores, hung, time.perf_counter() - start, verifier.equivalent("2", "2")
+
+        scores, hung, seconds, after = ray.get(in_worker.remote(), timeout=240)
+    finally:
+        ray.shutdown()
+    assert scores == [1.0, -1.0] and hung is None and seconds < 5.0 and after is True
