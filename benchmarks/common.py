@@ -1,6 +1,6 @@
 """Shared pieces of the benchmarks: device choice, interleaved timing, tensor-memory accounting.
 
-Timing: every benchmark interleaves its variants (A, B, C, A, B, C, ...) after one warm-up round, so
+Timing: every benchmark interleaves its variants (A, B, C, B, C, A, ...) after one warm-up round, so
 load from other processes on a shared machine hits all variants alike; it reports the median and the
 spread ((max - min) / median) of each variant. On CUDA the clock is read after a synchronize.
 
@@ -60,20 +60,28 @@ class Samples:
         return (max(self.values) - min(self.values)) / self.median
 
 
+def paired_ratio(a: Samples, b: Samples) -> float:
+    """Median over rounds of a/b, each round's two samples taken back to back (cancels load drift)."""
+    ratios = [x / y for x, y in zip(a.values, b.values) if y > 0]
+    return statistics.median(ratios) if ratios else math.nan
+
+
 def interleaved(
     variants: dict[str, Callable[[], Callable[[], object]]],
     repeats: int,
     device: torch.device,
     warmup: int = 1,
 ) -> dict[str, Samples]:
-    """Time ``variants`` round-robin; each entry is ``prepare() -> run()`` and only ``run`` is timed.
+    """Time ``variants`` round-robin (order rotated every round); ``prepare() -> run()``, only ``run`` timed.
 
     ``prepare`` builds fresh inputs (outside the clock) so that no variant reuses another's graph.
     """
     samples = {name: Samples() for name in variants}
+    names = list(variants)
     for round_index in range(warmup + repeats):
-        for name, prepare in variants.items():
-            run = prepare()
+        shift = round_index % len(names)  # rotate the order so no variant always runs first
+        for name in names[shift:] + names[:shift]:
+            run = variants[name]()
             sync(device)
             start = time.perf_counter()
             run()

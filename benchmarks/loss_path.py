@@ -30,7 +30,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
-from benchmarks.common import interleaved, measure_memory
+from benchmarks.common import interleaved, measure_memory, paired_ratio
 from benchmarks.mask_build import LOW_PROB_SHARE
 from stapo.s2t import detect_spurious
 from stapo.verl_plugin.losses import MASK_FOLDED_KEY, STAPOLossFn
@@ -202,9 +202,10 @@ def run(
                 "median_ms": 1000 * samples.median,
                 "spread": samples.spread,
                 "ratio_vs_vanilla": samples.median / base,
-                # ratio of the fastest rounds: the least disturbed by other processes' load
-                "min_ratio_vs_vanilla": min(samples.values) / min(times["vanilla"].values),
+                # median over rounds of the ratio to the variant timed just before/after it in the same round
+                "paired_vs_vanilla": paired_ratio(samples, times["vanilla"]),
                 "ratio_vs_vanilla_H": samples.median / with_h if name.endswith("current") or name == "vanilla+H" else math.nan,
+                "paired_vs_vanilla_H": paired_ratio(samples, times["vanilla+H"]) if name.endswith("current") or name == "vanilla+H" else math.nan,
                 "samples_ms": [1000 * v for v in samples.values],
             }
             if name in mem:

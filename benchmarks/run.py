@@ -49,7 +49,7 @@ def sizes(quick: bool) -> dict:
             "e2e": dict(repeats=1, steps=2),
         }
     return {
-        "loss": dict(rows=8, tokens=4096, prompt_len=512, repeats=21),
+        "loss": dict(rows=8, tokens=4096, prompt_len=512, repeats=101),
         "mask": dict(responses=2048, max_len=15360, repeats=2),
         "old_pass": dict(tokens=1024, repeats=3),
         "quantile": dict(worlds=(2, 3, 4), per_rank=100_000, micro_tokens=8 * 4096, repeats=30),
@@ -72,28 +72,28 @@ def bench_loss(cfg, device) -> tuple[str, list[dict]]:
 
     rows = loss_path.run(device=device, **cfg)
     lines = [
-        "| case | variant | median ms | spread | ratio vs vanilla | (ratio of minima) | ratio vs vanilla+H | "
+        "| case | variant | median ms | spread | ratio vs vanilla: of medians, paired | ratio vs vanilla+H: of medians, paired | "
         "peak tensor memory | memory vs vanilla | largest tensor (elements, per token) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
         lines.append(
-            f"| {r['case']} | {r['variant']} | {_f(r['median_ms'])} | {_f(r['spread'])} | {_f(r['ratio_vs_vanilla'], 3)} | "
-            f"({_f(r['min_ratio_vs_vanilla'], 3)}) | "
-            f"{_f(r['ratio_vs_vanilla_H'], 3)} | {fmt_bytes(r.get('peak_tensor_bytes'))}{cuda} | "
+            f"| {r['case']} | {r['variant']} | {_f(r['median_ms'])} | {_f(r['spread'])} | {_f(r['ratio_vs_vanilla'], 3)}, "
+            f"{_f(r['paired_vs_vanilla'], 3)} | {_f(r['ratio_vs_vanilla_H'], 3)}, {_f(r['paired_vs_vanilla_H'], 3)} | "
+            f"{fmt_bytes(r.get('peak_tensor_bytes'))}{cuda} | "
             f"{_f(r.get('mem_ratio_vs_vanilla'), 3)} | {r.get('largest_numel', 'n/a'):,} ({_f(r.get('largest_per_token'))}) |"
         )
     old = [r["ratio_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
-    old_min = [r["min_ratio_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
+    old_paired = [r["paired_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
     cur = [r for r in rows if r["variant"] == "stapo/current"]
     added = [r["median_ms"] - next(x for x in rows if x["case"] == r["case"] and x["variant"] == "vanilla+H")["median_ms"] for r in cur]
     largest = max(r.get("largest_per_token", 0) for r in rows)
     tokens = rows[0]["tokens"]
     lines += [
         "",
-        f"- `stapo/old` / `vanilla`: medians {min(old):.3f} to {max(old):.3f}, minima {min(old_min):.3f} to "
-        f"{max(old_min):.3f} over the advantage patterns (target: within 1.05).",
+        f"- `stapo/old` / `vanilla`: ratio of medians {min(old):.3f} to {max(old):.3f}, paired {min(old_paired):.3f} to "
+        f"{max(old_paired):.3f} over the advantage patterns (target: within 1.05).",
         f"- `stapo/current` adds {min(added):.1f} to {max(added):.1f} ms per micro-batch of {tokens:,} response tokens "
         f"over `vanilla+H` (ratio {min(r['ratio_vs_vanilla_H'] for r in cur):.2f} to "
         f"{max(r['ratio_vs_vanilla_H'] for r in cur):.2f}).",
@@ -210,10 +210,11 @@ def bench_e2e(cfg, device) -> tuple[str, list[dict]]:
 INTRO = """# Benchmarks
 
 What STAPO costs on top of verl 0.9.1. Every figure is a ratio against verl's own code path
-measured in the same run, on the same machine, variants interleaved (A, B, A, B, ...) after a
-warm-up; medians, with the spread ((max - min) / median) as the record of the noise.
+measured in the same run, on the same machine, variants interleaved (A, B, C, then B, C, A, ...)
+after a warm-up; medians, with the spread ((max - min) / median) as the record of the noise.
 
-Run them with `python -m benchmarks.run` (all, about 15 minutes on 2 cores), `--only loss,mask`
+Run them with `python -m benchmarks.run` (all: 15-20 minutes on this loaded 2-core machine, 11 of them
+the end-to-end trainer runs), `--only loss,mask`
 for some, `--quick` for tiny sizes (nothing written), `--device cuda` on a GPU machine (the GPU's
 name is recorded). Each section below was written by the run named in its header, and a later
 `--only` run replaces only its own sections.
