@@ -79,7 +79,8 @@ def make_rows(rows: int, tokens: int, pattern: str, seed: int = 0) -> dict[str, 
         out["log_prob"].append(old + 0.02 * torch.randn(tokens, generator=g))
         out["entropy"].append((entropy + 0.02 * torch.randn(tokens, generator=g)).clamp(min=0))
         magnitude = 0.5 + float(torch.rand(1, generator=g))
-        sign = {"all_positive": 1.0, "all_zero": 0.0, "mixed": 1.0 if i % 2 else -1.0, "many_low_prob": 1.0 if i % 2 else -1.0}[pattern]
+        alternating = 1.0 if i % 2 else -1.0
+        sign = {"all_positive": 1.0, "all_zero": 0.0, "mixed": alternating, "many_low_prob": alternating}[pattern]
         out["advantages"].append(torch.full((tokens,), sign * magnitude))
     return out
 
@@ -192,6 +193,7 @@ def run(
         with_h = times["vanilla+H"].median
         for name in VARIANTS:
             samples = times[name]
+            entropy_variant = name in ("vanilla+H", "stapo/current")
             row = {
                 "bench": "loss",
                 "case": f"{pattern} {rows}x{tokens}",
@@ -204,8 +206,8 @@ def run(
                 "ratio_vs_vanilla": samples.median / base,
                 # median over rounds of the ratio to the variant timed just before/after it in the same round
                 "paired_vs_vanilla": paired_ratio(samples, times["vanilla"]),
-                "ratio_vs_vanilla_H": samples.median / with_h if name.endswith("current") or name == "vanilla+H" else math.nan,
-                "paired_vs_vanilla_H": paired_ratio(samples, times["vanilla+H"]) if name.endswith("current") or name == "vanilla+H" else math.nan,
+                "ratio_vs_vanilla_H": samples.median / with_h if entropy_variant else math.nan,
+                "paired_vs_vanilla_H": paired_ratio(samples, times["vanilla+H"]) if entropy_variant else math.nan,
                 "samples_ms": [1000 * v for v in samples.values],
             }
             if name in mem:

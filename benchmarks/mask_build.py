@@ -77,7 +77,8 @@ def run(
     device = torch.device(device)
     results = []
     for distribution in distributions:
-        log_prob, entropy, advantages, mask, lengths = (t.to(device) for t in paper_batch(responses, max_len, distribution))
+        batch = paper_batch(responses, max_len, distribution)
+        log_prob, entropy, advantages, mask, lengths = (t.to(device) for t in batch)
         parts = {"detect": Samples(), "diagnostics": Samples(), "fold": Samples(), "total": Samples()}
         rss_peak_reset()
         rss_before, _ = rss_kib()

@@ -39,7 +39,8 @@ QWEN3_1P7B = dict(
 
 
 def layer_params(cfg: dict) -> int:
-    h, q, kv = cfg["hidden_size"], cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+    h = cfg["hidden_size"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
     attn = h * q + 2 * h * kv + q * h
     mlp = 3 * h * cfg["intermediate_size"]
     return cfg["num_hidden_layers"] * (attn + mlp)
@@ -67,7 +68,9 @@ class PassCost:
         return self.network_s_per_token + self.head_s_per_token
 
 
-def measure(tokens: int = 1024, repeats: int = 3, device: torch.device | str = "cpu", cfg: dict | None = None) -> PassCost:
+def measure(
+    tokens: int = 1024, repeats: int = 3, device: torch.device | str = "cpu", cfg: dict | None = None
+) -> PassCost:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
@@ -98,7 +101,8 @@ def measure(tokens: int = 1024, repeats: int = 3, device: torch.device | str = "
     net = statistics.median(network)
     flops = forward_flops(cfg, (tokens + 1) / 2) * tokens
     return PassCost(
-        model=f"Qwen3 {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, vocab {cfg['vocab_size']} ({params / 1e6:.0f}M)",
+        model=f"Qwen3 {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+        f"vocab {cfg['vocab_size']} ({params / 1e6:.0f}M)",
         params=params,
         tokens=tokens,
         network_s_per_token=net / tokens,
@@ -118,6 +122,13 @@ def batch_estimate(cost: PassCost, lengths: list[int], prompt_len: int) -> dict[
     measured = cost.s_per_token * tokens
     # sum over every position of its causal context, per sequence: L (L + 1) / 2
     context_sum = sum((prompt_len + n) * (prompt_len + n + 1) / 2 for n in lengths)
-    flops_1p7b = forward_flops(QWEN3_1P7B, 0) * tokens + 4 * QWEN3_1P7B["num_hidden_layers"] * QWEN3_1P7B["num_attention_heads"] * QWEN3_1P7B["head_dim"] * context_sum
+    big = QWEN3_1P7B
+    attention = 4 * big["num_hidden_layers"] * big["num_attention_heads"] * big["head_dim"] * context_sum
+    flops_1p7b = forward_flops(big, 0) * tokens + attention
     qwen_1p7b = flops_1p7b / cost.achieved_flops + cost.head_s_per_token * tokens
-    return {"pass_tokens": tokens, "measured_model_s": measured, "qwen3_1p7b_s": qwen_1p7b, "qwen3_1p7b_flops": flops_1p7b}
+    return {
+        "pass_tokens": tokens,
+        "measured_model_s": measured,
+        "qwen3_1p7b_s": qwen_1p7b,
+        "qwen3_1p7b_flops": flops_1p7b,
+    }

@@ -58,6 +58,10 @@ def sizes(quick: bool) -> dict:
     }
 
 
+def _row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def _f(x, digits=2):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
@@ -72,28 +76,37 @@ def bench_loss(cfg, device) -> tuple[str, list[dict]]:
 
     rows = loss_path.run(device=device, **cfg)
     lines = [
-        "| case | variant | median ms | spread | ratio vs vanilla: of medians, paired | ratio vs vanilla+H: of medians, paired | "
-        "peak tensor memory | memory vs vanilla | largest tensor (elements, per token) |",
+        _row("case", "variant", "median ms", "spread", "ratio vs vanilla: of medians, paired",
+             "ratio vs vanilla+H: of medians, paired", "peak tensor memory", "memory vs vanilla",
+             "largest tensor (elements, per token)"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
         lines.append(
-            f"| {r['case']} | {r['variant']} | {_f(r['median_ms'])} | {_f(r['spread'])} | {_f(r['ratio_vs_vanilla'], 3)}, "
-            f"{_f(r['paired_vs_vanilla'], 3)} | {_f(r['ratio_vs_vanilla_H'], 3)}, {_f(r['paired_vs_vanilla_H'], 3)} | "
-            f"{fmt_bytes(r.get('peak_tensor_bytes'))}{cuda} | "
-            f"{_f(r.get('mem_ratio_vs_vanilla'), 3)} | {r.get('largest_numel', 'n/a'):,} ({_f(r.get('largest_per_token'))}) |"
+            _row(
+                r["case"],
+                r["variant"],
+                _f(r["median_ms"]),
+                _f(r["spread"]),
+                f"{_f(r['ratio_vs_vanilla'], 3)}, {_f(r['paired_vs_vanilla'], 3)}",
+                f"{_f(r['ratio_vs_vanilla_H'], 3)}, {_f(r['paired_vs_vanilla_H'], 3)}",
+                f"{fmt_bytes(r.get('peak_tensor_bytes'))}{cuda}",
+                _f(r.get("mem_ratio_vs_vanilla"), 3),
+                f"{r.get('largest_numel', 0):,} ({_f(r.get('largest_per_token'))})",
+            )
         )
     old = [r["ratio_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
     old_paired = [r["paired_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
     cur = [r for r in rows if r["variant"] == "stapo/current"]
-    added = [r["median_ms"] - next(x for x in rows if x["case"] == r["case"] and x["variant"] == "vanilla+H")["median_ms"] for r in cur]
+    with_h = {r["case"]: r["median_ms"] for r in rows if r["variant"] == "vanilla+H"}
+    added = [r["median_ms"] - with_h[r["case"]] for r in cur]
     largest = max(r.get("largest_per_token", 0) for r in rows)
     tokens = rows[0]["tokens"]
     lines += [
         "",
-        f"- `stapo/old` / `vanilla`: ratio of medians {min(old):.3f} to {max(old):.3f}, paired {min(old_paired):.3f} to "
-        f"{max(old_paired):.3f} over the advantage patterns (target: within 1.05).",
+        f"- `stapo/old` / `vanilla`: ratio of medians {min(old):.3f} to {max(old):.3f}, paired "
+        f"{min(old_paired):.3f} to {max(old_paired):.3f} over the advantage patterns (target: within 1.05).",
         f"- `stapo/current` adds {min(added):.1f} to {max(added):.1f} ms per micro-batch of {tokens:,} response tokens "
         f"over `vanilla+H` (ratio {min(r['ratio_vs_vanilla_H'] for r in cur):.2f} to "
         f"{max(r['ratio_vs_vanilla_H'] for r in cur):.2f}).",
@@ -126,14 +139,24 @@ def bench_mask(cfg, pass_cfg, device) -> tuple[str, list[dict]]:
         r["ratio_measured_model"] = r["total_s"] / est["measured_model_s"]
         r["ratio_qwen3_1p7b"] = r["total_s"] / est["qwen3_1p7b_s"]
         lines.append(
-            f"| {r['distribution']} | {r['responses']} x {r['max_len']} | {r['tokens']:,} ({r['mean_len']:.0f}, "
-            f"{100 * r['truncated_share']:.1f}%) | {r['candidates']:,} | {r['masked']:,} ({r['mask_ratio']:.1e}) | "
-            f"{_f(r['detect_s'])} | {_f(r['diagnostics_s'])} | {_f(r['fold_s'])} | {_f(r['total_s'])} ({_f(r['total_spread'])}) | "
-            f"{fmt_bytes(r.get('peak_tensor_bytes'))} ({fmt_bytes(r['input_bytes'])}) | {fmt_bytes(r['rss_peak_delta_bytes'])} | "
-            f"{est['measured_model_s']:,.0f} ({r['ratio_measured_model']:.1e}) | {est['qwen3_1p7b_s']:,.0f} ({r['ratio_qwen3_1p7b']:.1e}) |"
+            _row(
+                r["distribution"],
+                f"{r['responses']} x {r['max_len']}",
+                f"{r['tokens']:,} ({r['mean_len']:.0f}, {100 * r['truncated_share']:.1f}%)",
+                f"{r['candidates']:,}",
+                f"{r['masked']:,} ({r['mask_ratio']:.1e})",
+                _f(r["detect_s"]),
+                _f(r["diagnostics_s"]),
+                _f(r["fold_s"]),
+                f"{_f(r['total_s'])} ({_f(r['total_spread'])})",
+                f"{fmt_bytes(r.get('peak_tensor_bytes'))} ({fmt_bytes(r['input_bytes'])})",
+                fmt_bytes(r["rss_peak_delta_bytes"]),
+                f"{est['measured_model_s']:,.0f} ({r['ratio_measured_model']:.1e})",
+                f"{est['qwen3_1p7b_s']:,.0f} ({r['ratio_qwen3_1p7b']:.1e})",
+            )
         )
-    cost_row = {"bench": "old_pass", **{k: getattr(cost, k) for k in ("model", "params", "tokens", "network_s_per_token",
-                                                                          "head_s_per_token", "achieved_flops", "spread")}}
+    fields = ("model", "params", "tokens", "network_s_per_token", "head_s_per_token", "achieved_flops", "spread")
+    cost_row = {"bench": "old_pass", **{k: getattr(cost, k) for k in fields}}
     return "\n".join(lines), [cost_row, *rows]
 
 
@@ -148,8 +171,13 @@ def bench_quantile(cfg, device) -> tuple[str, list[dict]]:
     ]
     for r in rows:
         lines.append(
-            f"| {r['world']} | {r['per_rank']:,} | {_f(r['global_q_ms'])} | {_f(r['local_q_ms'])} | {_f(r['q_ratio'])} | "
-            f"{_f(r['detect_group_ms'])} | {_f(r['detect_local_ms'])} | {_f(r['detect_ratio'])} | {_f(r['spread'])} |"
+            _row(
+                r["world"],
+                f"{r['per_rank']:,}",
+                *(_f(r[k]) for k in ("global_q_ms", "local_q_ms", "q_ratio", "detect_group_ms", "detect_local_ms")),
+                _f(r["detect_ratio"]),
+                _f(r["spread"]),
+            )
         )
     lines += ["", f"`detect_spurious` runs on one micro-batch of {rows[0]['micro_tokens']:,} response tokens per rank."]
     return "\n".join(lines), rows
@@ -170,8 +198,15 @@ def bench_entropy(cfg, device) -> tuple[str, list[dict]]:
     for r in rows:
         cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
         lines.append(
-            f"| {r['variant']} | {_f(r['median_ms'])} | {_f(r['ms_per_1k_tokens'])} | {_f(r['spread'])} | "
-            f"{_f(r['ratio_vs_logp'], 3)} | {fmt_bytes(r.get('peak_tensor_bytes'))}{cuda} | {_f(r.get('mem_ratio_vs_logp'), 3)} |"
+            _row(
+                r["variant"],
+                _f(r["median_ms"]),
+                _f(r["ms_per_1k_tokens"]),
+                _f(r["spread"]),
+                _f(r["ratio_vs_logp"], 3),
+                f"{fmt_bytes(r.get('peak_tensor_bytes'))}{cuda}",
+                _f(r.get("mem_ratio_vs_logp"), 3),
+            )
         )
     return "\n".join(lines), rows
 
@@ -181,7 +216,9 @@ def bench_e2e(cfg, device) -> tuple[str, list[dict]]:
 
     result = e2e_step.run(**cfg)
     if result.get("error"):
-        return f"Not measured: {result['error']}", [result]
+        first, _, rest = result["error"].partition("\n")
+        body = f"Not measured in this run, no figures: {first}"
+        return body + (f"\n\n```\n{rest.strip()}\n```" if rest.strip() else ""), [result]
     lines = [
         "| algo | median timing_s/step | samples (steps 2.., every run) | runs |",
         "|---|---|---|---|",
@@ -192,7 +229,8 @@ def bench_e2e(cfg, device) -> tuple[str, list[dict]]:
     lines += [
         "",
         f"Ratio stapo / justrl (medians): **{result['ratio']:.3f}**; median of the per-run-pair ratios: "
-        f"{result['pair_ratio']:.3f}; per-step spread stapo {_f(result['spread']['stapo'])}, justrl {_f(result['spread']['justrl'])}.",
+        f"{result['pair_ratio']:.3f}; per-step spread stapo {_f(result['spread']['stapo'])}, "
+        f"justrl {_f(result['spread']['justrl'])}.",
         "",
         "Medians of verl's phase timings (s; the S2T mask is built and folded in `adv`):",
         "",

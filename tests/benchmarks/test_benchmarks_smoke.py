@@ -81,3 +81,11 @@ def test_cli_writes_only_its_sections(tmp_path, monkeypatch):
     assert "figures A" in text and "figures B" in text
     with pytest.raises(SystemExit):
         run.main(["--only", "nonsense"])
+
+
+def test_e2e_reports_a_missing_trainer_without_figures(monkeypatch):
+    from benchmarks import e2e_step
+
+    monkeypatch.setattr(e2e_step, "run", lambda **_: {"bench": "e2e", "error": "algo=stapo run failed\nlog line"})
+    body, rows = run.bench_e2e({}, torch.device("cpu"))
+    assert body.startswith("Not measured") and "log line" in body and rows[0]["error"]
