@@ -261,7 +261,8 @@ name is recorded). Each section below was written by the run named in its header
 shared with other engineers' trainer runs, so absolute times are noisy; the ratios are what to read.
 Torch runs single-threaded here by default (`--threads 1`): on a loaded 2-core machine, OpenMP's
 spinning barriers made two-thread timings of the same op vary 20-fold (verl's row-by-row
-`logprobs_from_logits_v2`: 1.0-1.6 s with one thread, 3.7-52 s with two).
+`logprobs_from_logits_v2`: 1.0-1.6 s with one thread, 3.7-52 s with two). The setting applies to
+the benchmark process; the trainer runs of section 4 keep their own settings.
 
 Memory is *peak live tensor bytes*: a torch dispatch mode (`benchmarks/common.py`) sees every tensor
 the measured code creates, forward and backward, and sums the storages still alive; inputs built
