@@ -135,6 +135,14 @@ class STAPOTrainer(PPOTrainerSync):
         num_tokens = int(response_mask.sum())
         return drop, drop_loss, {"keep_ratio": float(keep.sum()) / num_tokens if num_tokens else 0.0}
 
+    def _val_metrics_update(self, *args, **kwargs) -> dict[str, float]:
+        """verl's validation metrics plus ``val/<benchmark>/acc`` and ``val/average/acc``."""
+        from stapo.eval.val_metrics import benchmark_val_metrics
+
+        metrics = super()._val_metrics_update(*args, **kwargs)
+        metrics.update(benchmark_val_metrics(metrics))
+        return metrics
+
     def _update_actor(self, batch, metrics: dict):
         batch.extra_info[MASK_FOLDED_KEY] = self._folds_mask
         return super()._update_actor(batch, metrics)
