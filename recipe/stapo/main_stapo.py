@@ -49,7 +49,7 @@ def prepare(config: DictConfig) -> DictConfig:
     """Everything that must happen on the driver before verl: local model, data, checks."""
     from stapo.verl_plugin.cpu import enable_for_run
     from stapo.verl_plugin.registration import assert_registered
-    from stapo.verl_plugin.trainer import validate_run_config
+    from stapo.verl_plugin.run_checks import validate_run_config
 
     # the driver already imported verl: the CPU back-end is switched on here (when asked, or for
     # trainer.device=cpu without CUDA) and passed to the workers through Ray's runtime env

@@ -24,37 +24,13 @@ from verl.workers.utils.padding import response_to_nested
 
 from stapo.loss import high_entropy_keep_mask
 from stapo.s2t import detect_spurious, s2t_diagnostics
-from stapo.validation import STAPOConfigError, validate_actor
-from stapo.verl_plugin.config import TARGET
 from stapo.verl_plugin.losses import MASK_FOLDED_KEY, METRIC_PREFIX, STAPOLossFn
+from stapo.verl_plugin.run_checks import validate_run_config
 
 logger = logging.getLogger(__name__)
 
 TRAINER_NAME = "stapo"
 _FOLD_FIELDS = ["response_mask", "loss_mask", "entropy", "old_log_probs", "advantages"]
-
-
-def validate_run_config(config) -> None:
-    """Checks of a whole run config that must fail before any worker starts."""
-    actor = config.actor_rollout_ref.actor
-    validate_actor(actor)
-    loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
-    target = actor.policy_loss.get("_target_", None)
-    if loss_mode in ("stapo", "entropy20") and target != TARGET:
-        raise STAPOConfigError(
-            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode} needs "
-            f"actor_rollout_ref.actor.policy_loss._target_={TARGET} (got {target}): it types tau_p, "
-            "entropy_quantile, source, ... and makes every worker import the plugin; algo=stapo sets it"
-        )
-    needs_old_pass = loss_mode == "entropy20" or (
-        loss_mode == "stapo" and actor.policy_loss.get("source", "old") == "old"
-    )
-    rollout_correction = config.algorithm.get("rollout_correction", None) or {}
-    if needs_old_pass and rollout_correction.get("bypass_mode", False):
-        raise STAPOConfigError(
-            "algorithm.rollout_correction.bypass_mode=true skips the old-policy pass whose entropy "
-            f"policy_loss.loss_mode={loss_mode} (source=old) needs; turn bypass_mode off or use source=current"
-        )
 
 
 def fold_masks(

@@ -17,7 +17,7 @@ from verl.utils.config import omega_conf_to_dataclass, validate_config
 
 from recipe.stapo.main_stapo import CONF_DIR
 from stapo.verl_plugin.config import STAPOPolicyLossConfig
-from stapo.verl_plugin.trainer import validate_run_config
+from stapo.verl_plugin.run_checks import validate_run_config
 
 PRESETS = ["tiny", "smollm2", "qwen3_1p7b", "qwen3_8b", "qwen3_14b"]
 ALGOS = ["stapo", "justrl", "grpo", "entropy20"]

@@ -11,7 +11,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.validation import STAPOConfigError
 from stapo.verl_plugin.config import STAPOPolicyLossConfig
-from stapo.verl_plugin.trainer import validate_run_config
+from stapo.verl_plugin.run_checks import validate_run_config
 from tests.integration.verl_batches import compose_verl, stapo_overrides
 
 CHECK = (
