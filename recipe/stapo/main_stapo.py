@@ -31,22 +31,33 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
-def ensure_synthetic_data(data_dir: str, train_rows: int, val_rows: int, seed: int) -> None:
-    """Write the synthetic task's parquet files unless the folder already holds these exact settings."""
-    from stapo.data.synthetic import write_parquet
+SYNTHETIC_TASKS = {
+    # task name: (module with write_parquet(out_dir, train, val, seed), its file names)
+    "synthetic": ("stapo.data.synthetic", ("train.parquet", "val.parquet")),
+    "arithmetic": ("stapo.data.arithmetic", ("train.parquet", "heldout.parquet")),
+}
 
+
+def ensure_synthetic_data(data_dir: str, train_rows: int, val_rows: int, seed: int, task: str = "synthetic") -> None:
+    """Write a generated task's parquet files unless the folder already holds these exact settings."""
+    import importlib
+
+    if task not in SYNTHETIC_TASKS:
+        raise ValueError(f"stapo.synthetic_task={task!r}: known tasks are {', '.join(SYNTHETIC_TASKS)}")
+    module, names = SYNTHETIC_TASKS[task]
     folder = Path(data_dir)
     marker = folder / "stapo_synthetic.json"
-    wanted = {"train_rows": int(train_rows), "val_rows": int(val_rows), "seed": int(seed)}
-    present = all((folder / name).exists() for name in ("train.parquet", "val.parquet"))
+    wanted = {"task": task, "train_rows": int(train_rows), "val_rows": int(val_rows), "seed": int(seed)}
+    present = all((folder / name).exists() for name in names)
     if present and marker.exists() and json.loads(marker.read_text()) == wanted:
         return
-    write_parquet(folder, wanted["train_rows"], wanted["val_rows"], wanted["seed"])
+    importlib.import_module(module).write_parquet(folder, wanted["train_rows"], wanted["val_rows"], wanted["seed"])
     marker.write_text(json.dumps(wanted))
 
 
 def prepare(config: DictConfig) -> DictConfig:
     """Everything that must happen on the driver before verl: local model, data, checks."""
+    from stapo.rundir import prepare_run_dir, write_config
     from stapo.verl_plugin.cpu import enable_for_run
     from stapo.verl_plugin.registration import assert_registered
     from stapo.verl_plugin.run_checks import validate_run_config
@@ -61,10 +72,17 @@ def prepare(config: DictConfig) -> DictConfig:
         data_dir = config.stapo.get("synthetic_data_dir")
         if data_dir:
             ensure_synthetic_data(
-                data_dir, config.stapo.synthetic_train_rows, config.stapo.synthetic_val_rows, config.stapo.synthetic_seed
+                data_dir,
+                config.stapo.synthetic_train_rows,
+                config.stapo.synthetic_val_rows,
+                config.stapo.synthetic_seed,
+                config.stapo.get("synthetic_task", "synthetic"),
             )
+    run_dir = prepare_run_dir(config)
     # resolve here: ${hydra:...} and ${oc.env:...} mean the driver's values, the remote has no Hydra
     OmegaConf.resolve(config)
+    if run_dir is not None:
+        write_config(config, run_dir)
     return config
 
 

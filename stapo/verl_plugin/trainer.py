@@ -26,6 +26,7 @@ from stapo.loss import high_entropy_keep_mask
 from stapo.s2t import detect_spurious, s2t_diagnostics
 from stapo.verl_plugin.losses import MASK_FOLDED_KEY, METRIC_PREFIX, STAPOLossFn
 from stapo.verl_plugin.run_checks import validate_run_config
+from stapo.verl_plugin.run_log import SpuriousTokenLog, reward_extra_means
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class STAPOTrainer(PPOTrainerSync):
         self._policy_loss = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor.policy_loss)
         self._loss_mode = self._policy_loss.loss_mode
         self._source = getattr(self._policy_loss, "source", "old")
+        self._spurious_log = SpuriousTokenLog.from_config(self.config.get("stapo", {}))
 
     def _setup(self):
         super()._setup()
@@ -67,17 +69,23 @@ class STAPOTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
+        metrics.update(self._reward_extra_metrics(batch))
         if not self._folds_mask:
             return batch
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=_FOLD_FIELDS)
+        log_tokens = self._spurious_log.wants(self.global_steps) and self._loss_mode == "stapo"
+        fields = _FOLD_FIELDS + (["responses"] if log_tokens else [])
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         nested_response_mask = data["response_mask"]
         if not torch.equal(nested_response_mask.offsets(), data["loss_mask"].offsets()):
             raise RuntimeError(
                 "STAPO expects response-only loss_mask and response_mask of equal lengths (verl 0.9.1 v1 "
                 "agent loop); this verl version lays them out differently"
             )
+        responses = data.pop("responses").to_padded_tensor(padding=self.tokenizer.pad_token_id) if log_tokens else None
         padded = data.to_padded_tensor()
         drop_response, drop_loss, fold_metrics = self._build_drop_mask(padded)
+        if log_tokens:
+            self._spurious_log.write(self.global_steps, responses, drop_response, padded, self.tokenizer)
         response_mask, loss_mask = fold_masks(padded["response_mask"], padded["loss_mask"], drop_response, drop_loss)
         fields = TensorDict(
             {
@@ -110,6 +118,11 @@ class STAPOTrainer(PPOTrainerSync):
         drop_loss = drop if policy_loss.entropy_denominator == "kept" else torch.zeros_like(drop)
         num_tokens = int(response_mask.sum())
         return drop, drop_loss, {"keep_ratio": float(keep.sum()) / num_tokens if num_tokens else 0.0}
+
+    def _reward_extra_metrics(self, batch) -> dict[str, float]:
+        """``reward/<key>/mean`` of the reward's numeric extra info (e.g. ``acc``) over the batch."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        return reward_extra_means(list(data["extra_fields"]))
 
     def _val_metrics_update(self, *args, **kwargs) -> dict[str, float]:
         """verl's validation metrics plus ``val/<benchmark>/acc`` and ``val/average/acc``."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stapo.demo.analyze import _response_mask, final_number_reward, group_advantages, token_log_prob_and_entropy
-from stapo.demo.spurious_log import append_jsonl, most_frequent, spurious_records
+from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
 
 
 @pytest.mark.parametrize(

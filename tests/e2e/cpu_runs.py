@@ -7,20 +7,21 @@ rollout server, the reference worker, the reward, the STAPO update. Only the GPU
 from __future__ import annotations
 
 import os
-import re
+import signal
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
+from stapo.demo.progress import parse_steps
+from stapo.demo.train import process_tree_rss
 
 REPO = Path(__file__).resolve().parents[2]
-_METRIC = re.compile(r"(\S+):(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)")
 
 
 @dataclass
@@ -32,34 +33,13 @@ class Run:
     steps: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
-def parse_steps(log: str) -> dict[int, dict[str, float]]:
-    """verl's console logger prints one ``step:N - key:value - ...`` line per step."""
-    steps = {}
-    for line in log.splitlines():
-        match = re.search(r"step:(\d+) - (.*)", line)
-        if not match:
-            continue
-        steps[int(match.group(1))] = {k: float(v) for k, v in _METRIC.findall(match.group(2))}
-    return steps
+def run_recipe(
+    overrides: list[str], ckpt_dir: Path, timeout: int = 600, on_line: Callable[[str, subprocess.Popen], None] | None = None
+) -> Run:
+    """Run main_stapo with the tiny preset; returns its log, parsed step metrics and peak memory.
 
-
-def _tree_rss(pid: int) -> int:
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
-def run_recipe(overrides: list[str], ckpt_dir: Path, timeout: int = 600) -> Run:
-    """Run main_stapo with the tiny preset; returns its log, parsed step metrics and peak memory."""
+    ``on_line(line, proc)`` sees every output line as it comes (fault tests kill processes from it).
+    """
     ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths are limited
     args = [
         sys.executable,
@@ -70,33 +50,44 @@ def run_recipe(overrides: list[str], ckpt_dir: Path, timeout: int = 600) -> Run:
         f"+ray_kwargs.ray_init._temp_dir={ray_tmp}",
         *overrides,
     ]
-    env = dict(os.environ, HYDRA_FULL_ERROR="1", RAY_DEDUP_LOGS="0", WANDB_MODE="offline")
+    env = dict(os.environ, HYDRA_FULL_ERROR="1", RAY_DEDUP_LOGS="0", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     started = time.time()
     proc = subprocess.Popen(
-        args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        start_new_session=True,
     )
     peak = [0]
+    lines: list[str] = []
     done = threading.Event()
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(proc.pid))
+            peak[0] = max(peak[0], process_tree_rss(proc.pid))
+            if time.time() - started > timeout:
+                lines.append(f"\n[test] killed after {timeout} s\n")
+                _kill_session(proc.pid)
+                return
             done.wait(0.5)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        log, _ = proc.communicate()
-        log += f"\n[test] killed after {timeout} s"
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line is not None:
+                on_line(line, proc)
+        proc.wait()
     finally:
         done.set()
         sampler.join()
-        try:  # whatever of this run's own session outlived the driver (a stray raylet): stop it
-            os.killpg(proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_session(proc.pid)  # whatever of this run's own session outlived the driver (a stray raylet)
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    log = "".join(lines)
     return Run(proc.returncode, log, time.time() - started, peak[0], parse_steps(log))
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

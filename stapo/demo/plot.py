@@ -1,0 +1,130 @@
+"""`stapo plot RUN_DIR [RUN_DIR ...]`: the paper's training curves from any runs' logged metrics.
+
+Reads each run folder's ``metrics.jsonl`` segments (``stapo.run_dir``; CPU demo or GPU cluster) and
+draws one PNG per quantity with one line per run, so runs compare the way the paper's figures do:
+reward and accuracy, policy entropy, and STAPO's mask ratio and entropy threshold tau_h.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from stapo.rundir import read_metrics
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    keys: tuple[str, ...]  # the first key a run has is drawn
+    ylabel: str
+
+
+FIGURES: dict[str, tuple[Panel, ...]] = {
+    "reward": (
+        Panel("training reward (mean)", ("critic/score/mean", "critic/rewards/mean"), "reward"),
+        Panel("training accuracy", ("reward/acc/mean",), "accuracy"),
+        Panel("held-out accuracy (validation)", ("val/average/acc",), "accuracy"),
+    ),
+    "entropy": (Panel("policy entropy (mean over response tokens)", ("actor/entropy",), "nats"),),
+    "mask": (
+        Panel("STAPO mask ratio (silenced / response tokens)", ("actor/stapo/mask_ratio",), "ratio"),
+        Panel("entropy threshold tau_h", ("actor/stapo/tau_h",), "nats"),
+    ),
+}
+
+
+def series(steps: dict[int, dict[str, float]], keys: tuple[str, ...]) -> tuple[str, list[int], list[float]] | None:
+    """(key, steps, values) of the first key any step has, or None."""
+    for key in keys:
+        points = [(step, metrics[key]) for step, metrics in steps.items() if key in metrics]
+        if points:
+            return key, [p[0] for p in points], [p[1] for p in points]
+    return None
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """Folder names, made unique with their parent's name where two runs share one."""
+    names = [path.resolve().name for path in run_dirs]
+    return [
+        f"{path.resolve().parent.name}/{name}" if names.count(name) > 1 else name
+        for path, name in zip(run_dirs, names, strict=True)
+    ]
+
+
+def draw(runs: dict[str, dict[int, dict[str, float]]], out_dir: Path) -> list[Path]:
+    """One PNG per figure that has data; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, panels in FIGURES.items():
+        fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3 * len(panels)), squeeze=False)
+        drawn = 0
+        for ax, panel in zip(axes[:, 0], panels, strict=True):
+            for label, steps in runs.items():
+                found = series(steps, panel.keys)
+                if found is not None:
+                    _, xs, ys = found
+                    ax.plot(xs, ys, marker="o", markersize=3, label=label)
+                    drawn += 1
+            ax.set_title(panel.title)
+            ax.set_xlabel("step")
+            ax.set_ylabel(panel.ylabel)
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend()
+            else:
+                ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+        if drawn:
+            fig.tight_layout()
+            path = out_dir / f"{name}.png"
+            fig.savefig(path, dpi=100)
+            written.append(path)
+        plt.close(fig)
+    return written
+
+
+def summary_rows(runs: dict[str, dict[int, dict[str, float]]]) -> list[str]:
+    """A markdown table: steps, held-out accuracy first -> last, mean mask ratio, seconds per step."""
+    rows = ["| run | steps | held-out acc (first -> last) | mean mask ratio | s/step |", "|---|---|---|---|---|"]
+    for label, steps in runs.items():
+        val = series(steps, ("val/average/acc",))
+        mask = series(steps, ("actor/stapo/mask_ratio",))
+        timing = series(steps, ("timing_s/step",))
+        acc = f"{val[2][0]:.3f} -> {val[2][-1]:.3f}" if val else "-"
+        mask_mean = f"{sum(mask[2]) / len(mask[2]):.4f}" if mask else "-"
+        per_step = f"{sum(timing[2]) / len(timing[2]):.1f}" if timing else "-"
+        trained = sum(1 for metrics in steps.values() if "timing_s/step" in metrics)
+        rows.append(f"| {label} | {trained} | {acc} | {mask_mean} | {per_step} |")
+    return rows
+
+
+def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+    runs = {label: read_metrics(path) for label, path in zip(run_labels(run_dirs), run_dirs, strict=True)}
+    written = draw(runs, out_dir)
+    table = "\n".join(summary_rows(runs)) + "\n"
+    (out_dir / "summary.md").write_text(table, encoding="utf-8")
+    print(table)
+    return written
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="stapo plot", description=__doc__)
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="run folders (stapo.run_dir of each run)")
+    parser.add_argument("--out", type=Path, help="where the PNGs go (default: RUN_DIR/plots of the first run)")
+    args = parser.parse_args(argv)
+    for path in args.run_dirs:
+        if not path.is_dir():
+            parser.error(f"{path}: not a folder")
+    try:
+        written = plot_runs(args.run_dirs, args.out or args.run_dirs[0] / "plots")
+    except FileNotFoundError as error:
+        parser.error(str(error))
+    for path in written:
+        print(f"[plot] wrote {path}")
+    return 0

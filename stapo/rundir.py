@@ -1,0 +1,96 @@
+"""A run folder: one place with everything a run produced, readable by ``stapo plot``.
+
+Set ``stapo.run_dir=PATH`` on any run (CPU demo or GPU cluster) and it holds:
+
+* ``config.yaml``: the resolved config the trainer received;
+* ``metrics.jsonl``: verl's ``file`` logger, one ``{"step": N, "data": {...}}`` line per step;
+* ``tensorboard/``, ``wandb/`` when those loggers are on;
+* ``spurious_tokens.jsonl``: the silenced tokens of sampled steps (STAPO, ``source: old``).
+
+verl's file logger truncates its file when it opens it, so a resumed run would erase the metrics
+of the steps before the restart: ``prepare_run_dir`` renames an existing ``metrics.jsonl`` to
+``metrics.prev-N.jsonl`` first, and ``read_metrics`` merges the segments (a step logged again after
+a resume replaces the earlier line).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+METRICS_NAME = "metrics.jsonl"
+_SEGMENT = re.compile(r"metrics\.prev-(\d+)\.jsonl$")
+
+
+def metric_segments(run_dir: str | Path) -> list[Path]:
+    """The metrics files of a run folder, oldest first."""
+    run_dir = Path(run_dir)
+    previous = sorted(
+        (int(match.group(1)), path) for path in run_dir.glob("metrics.prev-*.jsonl") if (match := _SEGMENT.search(path.name))
+    )
+    current = run_dir / METRICS_NAME
+    return [path for _, path in previous] + ([current] if current.exists() else [])
+
+
+def rotate_metrics(run_dir: str | Path) -> Path | None:
+    """Move a non-empty ``metrics.jsonl`` aside so the next logger does not truncate it."""
+    current = Path(run_dir) / METRICS_NAME
+    if not current.exists() or current.stat().st_size == 0:
+        return None
+    index = len(metric_segments(run_dir))  # the current file counts: prev-1, prev-2, ...
+    target = current.with_name(f"metrics.prev-{index}.jsonl")
+    current.rename(target)
+    return target
+
+
+def read_metrics(run_dir: str | Path) -> dict[int, dict[str, float]]:
+    """``{step: {metric: value}}`` merged over the segments; a torn last line (killed run) is skipped."""
+    steps: dict[int, dict[str, float]] = {}
+    segments = metric_segments(run_dir)
+    if not segments:
+        raise FileNotFoundError(f"{run_dir}: no {METRICS_NAME} (was the run started with stapo.run_dir set?)")
+    for path in segments:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            step = int(record["step"])
+            merged = steps.setdefault(step, {})
+            merged.update({k: v for k, v in record["data"].items() if isinstance(v, int | float)})
+    return dict(sorted(steps.items()))
+
+
+def prepare_run_dir(config: DictConfig) -> Path | None:
+    """Point verl's loggers at ``stapo.run_dir`` (through the workers' environment) and keep old metrics."""
+    run_dir = (config.get("stapo") or {}).get("run_dir")
+    if not run_dir:
+        return None
+    run_dir = Path(run_dir).expanduser().resolve()  # the trainer runs in a Ray worker with another cwd
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rotate_metrics(run_dir)
+    env = {
+        "VERL_FILE_LOGGER_PATH": str(run_dir / METRICS_NAME),
+        "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
+        "WANDB_DIR": str(run_dir),
+    }
+    with open_dict(config):
+        config.stapo.run_dir = str(run_dir)
+        loggers = list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [config.trainer.logger]
+        if "file" not in loggers:
+            config.trainer.logger = loggers + ["file"]
+        for key, value in env.items():
+            OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value, force_add=True)
+    return run_dir
+
+
+def write_config(config: DictConfig, run_dir: Path) -> Path:
+    """The resolved config, as the trainer will see it."""
+    path = run_dir / "config.yaml"
+    tmp = path.with_suffix(".yaml.tmp")
+    tmp.write_text(OmegaConf.to_yaml(config, resolve=True), encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,135 @@
+"""The run folder: metrics segments across resumes, progress lines, plots, the spurious-token log."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+
+from stapo.demo.plot import plot_runs, run_labels, series
+from stapo.demo.progress import Progress, format_duration, parse_step_line, parse_steps
+from stapo.rundir import metric_segments, read_metrics, rotate_metrics
+from stapo.verl_plugin.run_log import SpuriousTokenLog, reward_extra_means
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps({"step": s, "data": d}) + "\n" for s, d in records))
+
+
+def test_resume_keeps_earlier_metrics_and_later_lines_win(tmp_path):
+    _write(tmp_path / "metrics.jsonl", [(0, {"val/average/acc": 0.1}), (1, {"x": 1.0}), (2, {"x": 2.0})])
+    assert rotate_metrics(tmp_path).name == "metrics.prev-1.jsonl"
+    # the resumed run repeats step 2 (after the step-1 checkpoint) and goes on; its last line is torn
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 2, "data": {"x": 20.0}}) + "\n" + json.dumps({"step": 3, "data": {"x": 3.0}}) + "\n"
+        + '{"step": 4, "da'
+    )
+    assert rotate_metrics(tmp_path).name == "metrics.prev-2.jsonl"
+    _write(tmp_path / "metrics.jsonl", [(4, {"x": 4.0, "note": "text is dropped"})])
+    assert [p.name for p in metric_segments(tmp_path)] == ["metrics.prev-1.jsonl", "metrics.prev-2.jsonl", "metrics.jsonl"]
+    steps = read_metrics(tmp_path)
+    assert list(steps) == [0, 1, 2, 3, 4]
+    assert steps[2]["x"] == 20.0 and steps[4] == {"x": 4.0} and steps[0]["val/average/acc"] == 0.1
+
+
+def test_rotate_ignores_a_missing_or_empty_file_and_read_names_the_setting(tmp_path):
+    assert rotate_metrics(tmp_path) is None
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert rotate_metrics(tmp_path) is None and (tmp_path / "metrics.jsonl").exists()
+    (tmp_path / "metrics.jsonl").unlink()
+    with pytest.raises(FileNotFoundError, match="stapo.run_dir"):
+        read_metrics(tmp_path)
+
+
+def test_console_lines_parse_and_progress_has_eta():
+    line = "(TaskRunner pid=1) step:3 - critic/score/mean:-0.25 - actor/stapo/mask_ratio:0.0125 - timing_s/step:10.0"
+    step, metrics = parse_step_line(line)
+    assert step == 3 and metrics == {"critic/score/mean": -0.25, "actor/stapo/mask_ratio": 0.0125, "timing_s/step": 10.0}
+    assert parse_step_line("no metrics here") is None
+    assert parse_steps(line + "\nstep:4 - timing_s/step:30.0\n") == {3: metrics, 4: {"timing_s/step": 30.0}}
+    progress = Progress(total_steps=10)
+    assert "held-out accuracy before training: 0.250" in progress.line(0, {"val/average/acc": 0.25})
+    text = progress.line(3, metrics)
+    assert "step 3/10" in text and "reward -0.250" in text and "mask 0.0125" in text and "ETA 1m10s" in text
+    assert "acc -" in text  # absent metrics show a dash, never a crash
+    assert "ETA 2m00s" in progress.line(4, {"timing_s/step": 30.0})  # mean of 10 and 30 s, 6 steps left
+    assert format_duration(59.6) == "1m00s" and format_duration(-3) == "0s"
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_plots_of_two_runs_are_valid_pngs_with_a_summary(tmp_path):
+    for name, scale in (("stapo", 1.0), ("grpo", 2.0)):
+        run = tmp_path / name
+        run.mkdir()
+        records = [(0, {"val/average/acc": 0.1})]
+        records += [(s, {"critic/score/mean": s * scale, "actor/entropy": 1 / s, "timing_s/step": 5.0}) for s in (1, 2, 3)]
+        if name == "stapo":
+            records += [(s, {"actor/stapo/mask_ratio": 0.01 * s, "actor/stapo/tau_h": 0.3}) for s in (1, 2, 3)]
+        records.append((3, {"val/average/acc": 0.3}))
+        _write(run / "metrics.jsonl", records)
+    written = plot_runs([tmp_path / "stapo", tmp_path / "grpo"], tmp_path / "plots")
+    assert sorted(p.name for p in written) == ["entropy.png", "mask.png", "reward.png"]
+    for path in written:
+        width, height = _png_size(path)
+        assert width > 300 and height > 200
+    summary = (tmp_path / "plots" / "summary.md").read_text()
+    assert "| stapo | 3 | 0.100 -> 0.300 | 0.0200 | 5.0 |" in summary
+    assert "| grpo | 3 | 0.100 -> 0.300 | - | 5.0 |" in summary
+
+
+def test_series_takes_the_first_key_present_and_labels_are_unique(tmp_path):
+    steps = {1: {"b": 1.0}, 2: {"a": 5.0, "b": 2.0}}
+    assert series(steps, ("a", "b")) == ("a", [2], [5.0])
+    assert series(steps, ("c",)) is None
+    assert run_labels([tmp_path / "x" / "stapo", tmp_path / "y" / "stapo", tmp_path / "grpo"]) == ["x/stapo", "y/stapo", "grpo"]
+
+
+def test_reward_extra_means_skip_non_numbers_and_non_finite():
+    class Wrapped:  # how a TensorDict non-tensor entry hands over its dict
+        def __init__(self, data):
+            self.data = data
+
+    items = [
+        {"reward_extra_info": {"acc": 1.0, "checker": "strict", "has_box": True}},
+        Wrapped({"reward_extra_info": {"acc": 0.0, "has_box": False, "bad": float("nan")}}),
+        {"no_info": 1},
+        None,
+    ]
+    assert reward_extra_means(items) == {"reward/acc/mean": 0.5, "reward/has_box/mean": 0.5}
+    assert reward_extra_means([]) == {}
+
+
+class _CharTokenizer:
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+def test_spurious_token_log_caps_tokens_and_decodes_context(tmp_path):
+    log = SpuriousTokenLog.from_config({"run_dir": str(tmp_path), "spurious_log": {"every": 2, "max_tokens": 3, "context": 2}})
+    assert not log.wants(1) and log.wants(2)
+    responses = torch.arange(12).view(2, 6)
+    spurious = torch.zeros(2, 6, dtype=torch.bool)
+    spurious[0, [1, 4]] = True
+    spurious[1, [0, 5]] = True
+    padded = {"old_log_probs": torch.full((2, 6), -7.0), "entropy": torch.full((2, 6), 0.5)}
+    log.write(2, responses, spurious, padded, _CharTokenizer())
+    records = [json.loads(line) for line in (tmp_path / "spurious_tokens.jsonl").read_text().splitlines()]
+    assert [(r["sample"], r["position"]) for r in records] == [(0, 1), (0, 4), (1, 0)]  # capped at 3, batch order
+    assert records[1] == {"step": 2, "sample": 0, "position": 4, "token": "e", "before": "cd", "after": "f",
+                          "prob": pytest.approx(torch.exp(torch.tensor(-7.0)).item()), "entropy": 0.5}
+    assert spurious.sum() == 4  # the caller's mask is not modified
+
+
+def test_spurious_token_log_is_off_without_a_run_dir_or_with_every_zero(tmp_path):
+    assert not SpuriousTokenLog.from_config({}).wants(1)
+    assert not SpuriousTokenLog.from_config({"run_dir": str(tmp_path), "spurious_log": {"every": 0}}).wants(0)
