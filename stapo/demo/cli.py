@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (default 64)")
     parser.add_argument("--heldout", type=int, default=64, help="held-out problems evaluated before and after (default 64)")
     parser.add_argument("--lr", type=float, default=1e-5, help="actor learning rate (default 1e-5)")
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="rollout temperature (default 0.7: the 135M model is incoherent at the paper's 1.0)")
+    parser.add_argument("--level", default="easy", choices=("easy", "medium", "hard"),
+                        help="task difficulty (default easy: the base model gets about a quarter right)")
     parser.add_argument("--tau-p", type=float, default=0.002, help="STAPO probability threshold (default 0.002)")
     parser.add_argument("--entropy-quantile", type=float, default=0.75, help="STAPO entropy quantile q (default 0.75)")
     parser.add_argument("--seed", type=int, default=0)
@@ -56,8 +60,14 @@ def check_args(args: argparse.Namespace) -> None:
             raise SystemExit(f"stapo demo: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.group_size < 2:
         raise SystemExit(f"stapo demo: --group-size must be >= 2 (group-relative advantages), got {args.group_size}")
+    if not 0 < args.temperature <= 2:
+        raise SystemExit(f"stapo demo: --temperature must be in (0, 2], got {args.temperature}")
     if not 0 < args.lr < 1:
         raise SystemExit(f"stapo demo: --lr must be in (0, 1), got {args.lr}")
+    from stapo.data.arithmetic import problem_space
+
+    if args.heldout > problem_space(args.level, "heldout"):
+        raise SystemExit(f"stapo demo: --heldout must be <= {problem_space(args.level, 'heldout')} at --level {args.level}")
     if args.algo in args.compare:
         raise SystemExit(f"stapo demo: --compare {args.algo} repeats --algo {args.algo}")
 
@@ -82,6 +92,8 @@ def trainer_overrides(args, algo: str, run_dir: Path, data_dir: Path, model: str
         f"data.seed={args.seed}",
         f"data.max_response_length={args.max_new_tokens}",
         f"actor_rollout_ref.rollout.n={args.group_size}",
+        f"actor_rollout_ref.rollout.temperature={args.temperature}",
+        "trainer.total_epochs=1000",  # the step count decides; a small task is seen several times
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
         f"actor_rollout_ref.actor.optim.lr={args.lr}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={train_micro}",
@@ -180,14 +192,16 @@ def main(argv: list[str]) -> int:
     check_args(args)
     if args.analyze:
         return run_analysis(args)
-    from stapo.data.arithmetic import write_parquet
+    from stapo.data.arithmetic import problem_space, write_parquet
     from stapo.demo.plot import plot_runs
 
     root = (args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     model = model_path(args)
     data_dir = root / "data"
-    write_parquet(data_dir, train=max(512, args.steps * args.prompts), heldout=args.heldout, seed=args.seed)
-    print(f"[demo] run folder {root}; task: arithmetic word problems, {args.heldout} held out", flush=True)
+    train_rows = min(problem_space(args.level, "train"), max(256, args.steps * args.prompts))
+    write_parquet(data_dir, train=train_rows, heldout=args.heldout, seed=args.seed, level=args.level)
+    print(f"[demo] run folder {root}; task: {args.level} arithmetic problems, {train_rows} for training, "
+          f"{args.heldout} held out", flush=True)
     summaries = [train_one(args, algo, root, data_dir, model) for algo in [args.algo, *args.compare]]
     written = plot_runs([Path(s["run_dir"]) for s in summaries], root / "plots")
     (root / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")

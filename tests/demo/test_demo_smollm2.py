@@ -1,23 +1,35 @@
-"""`stapo demo` on the real SmolLM2-135M-Instruct weights (shipped by a package), at tiny sizes."""
+"""`stapo demo` on the real SmolLM2-135M-Instruct weights (shipped by a package), at tiny sizes.
+
+The training test runs the whole demo: the real recipe (Ray, verl's trainer, FSDP2 over gloo, the
+HF rollout) for STAPO and the GRPO baseline, validation before and after, checkpoint, plots.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(900)
+from stapo.rundir import read_metrics
+
+pytestmark = pytest.mark.timeout(1200)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _offline_env() -> dict[str, str]:
+    return dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
 
 
 def test_demo_analysis_runs_on_real_weights(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "stapo.cli", "demo", "--prompts", "2", "--group-size", "4",
+        [sys.executable, "-m", "stapo.cli", "demo", "--analyze", "--prompts", "2", "--group-size", "4",
          "--max-new-tokens", "12", "--out", str(out), "--tau-p", "0.05"],
-        capture_output=True, text=True, timeout=800, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                                          "HOME": str(__import__("pathlib").Path.home())},
+        capture_output=True, text=True, timeout=800, env=_offline_env(),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "S2T analysis" in proc.stdout
@@ -29,10 +41,53 @@ def test_demo_analysis_runs_on_real_weights(tmp_path):
         assert record["prob"] < 0.05 and set(record) >= {"token", "before", "after", "entropy"}
 
 
-def test_demo_rejects_bad_settings_before_loading_anything():
+@pytest.mark.e2e
+def test_demo_trains_stapo_and_grpo_and_plots_both(tmp_path):
+    out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "stapo.cli", "demo", "--tau-p", "2"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "stapo.cli", "demo", "--steps", "2", "--prompts", "2", "--group-size", "4",
+         "--max-new-tokens", "24", "--heldout", "4", "--tau-p", "0.05", "--out", str(out), "--compare", "grpo"],
+        capture_output=True, text=True, timeout=1100, env=_offline_env(),
     )
-    assert proc.returncode != 0
-    assert "stapo demo: error: --tau_p must be a probability in (0, 1)" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for algo in ("stapo", "grpo"):
+        assert f"[{algo}] step 2/2 |" in proc.stdout and f"[{algo}] held-out accuracy before training" in proc.stdout
+        run = out / algo
+        steps = read_metrics(run)
+        assert {0, 1, 2} <= set(steps)
+        assert "val/average/acc" in steps[0] and "val/average/acc" in steps[2]  # before and after training
+        assert "reward/acc/mean" in steps[1] and "timing_s/step" in steps[2]
+        assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+        config = (run / "config.yaml").read_text()
+        assert f"loss_mode: {'stapo' if algo == 'stapo' else 'vanilla'}" in config
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["algo"] == algo and summary["peak_rss_gib"] > 0.1 and summary["heldout_acc_after"] is not None
+    assert "actor/stapo/mask_ratio" in read_metrics(out / "stapo")[1]
+    for name in ("reward.png", "entropy.png", "mask.png"):
+        assert (out / "plots" / name).read_bytes()[:8] == PNG_SIGNATURE
+    table = (out / "plots" / "summary.md").read_text()
+    assert "| stapo | 2 |" in table and "| grpo | 2 |" in table
+    log = out / "stapo" / "spurious_tokens.jsonl"
+    for line in log.read_text().splitlines() if log.exists() else []:
+        record = json.loads(line)
+        assert record["prob"] < 0.05 and record["step"] in (1, 2) and isinstance(record["token"], str)
+
+
+def test_demo_rejects_bad_settings_before_loading_anything():
+    for args, message in (
+        (["--tau-p", "2"], "--tau_p must be a probability in (0, 1)"),
+        (["--group-size", "1"], "--group-size must be >= 2"),
+        (["--compare", "stapo"], "--compare stapo repeats --algo stapo"),
+    ):
+        proc = subprocess.run([sys.executable, "-m", "stapo.cli", "demo", *args], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode != 0
+        assert message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_plot_command_refuses_a_folder_without_metrics(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "stapo.cli", "plot", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "stapo.run_dir" in proc.stderr
+    assert not Path(tmp_path / "plots").exists()

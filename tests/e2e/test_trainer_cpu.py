@@ -5,11 +5,13 @@ No mock: the only thing missing is a GPU, replaced by the project's CPU back-end
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
+from stapo.rundir import read_metrics
 from tests.e2e.cpu_runs import Run, run_recipe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
@@ -46,8 +48,10 @@ def _first_shard_changed(ckpt_dir, step: int, initial_path: str) -> bool:
 def test_stapo_trains_checkpoints_and_resumes(tmp_path):
     from stapo.models.tiny import build_tiny_model
 
-    ckpt = tmp_path / "ckpt"
-    first = run_recipe(["algo=stapo", "trainer.total_training_steps=2", "trainer.save_freq=2"], ckpt)
+    ckpt, run_dir = tmp_path / "ckpt", tmp_path / "run"
+    first = run_recipe(
+        ["algo=stapo", "trainer.total_training_steps=2", "trainer.save_freq=2", f"stapo.run_dir={run_dir}"], ckpt
+    )
     _assert_ok(first, [1, 2])
     stapo_metrics = [first.steps[s] for s in (1, 2)]
     for metrics in stapo_metrics:
@@ -55,6 +59,14 @@ def test_stapo_trains_checkpoints_and_resumes(tmp_path):
             assert f"actor/stapo/{key}" in metrics, sorted(metrics)
     assert any(m["actor/stapo/num_spurious"] > 0 for m in stapo_metrics), stapo_metrics
     assert any(m["actor/grad_norm"] > 0 for m in stapo_metrics)
+    # the run folder: every silenced token of each step logged (up to the cap), decoded, with p < tau_p
+    records = [json.loads(line) for line in (run_dir / "spurious_tokens.jsonl").read_text().splitlines()]
+    for step in (1, 2):
+        logged = [r for r in records if r["step"] == step]
+        assert len(logged) == min(200, int(first.steps[step]["actor/stapo/num_spurious"])), step
+        assert all(r["prob"] < 0.002 and isinstance(r["token"], str) for r in logged)
+    assert "loss_mode: stapo" in (run_dir / "config.yaml").read_text()
+    assert set(read_metrics(run_dir)) == {1, 2}
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert _first_shard_changed(ckpt, 2, build_tiny_model())
     assert first.peak_rss_bytes < 8 * GIB, f"peak RSS {first.peak_rss_bytes / GIB:.2f} GiB"
