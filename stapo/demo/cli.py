@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--algo", default="stapo", choices=ALGOS, help="algorithm to train (default stapo)")
     parser.add_argument("--compare", action="append", default=[], choices=ALGOS, metavar="ALGO",
                         help="also train this baseline with the same seed and plot both (repeatable), e.g. grpo")
-    parser.add_argument("--steps", type=int, default=8, help="training steps (default 8: about 15 minutes on 2 cores)")
+    parser.add_argument("--steps", type=int, default=6, help="training steps (default 6: about 15 minutes on 2 cores)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
     parser.add_argument("--group-size", type=int, default=4, help="responses per prompt (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (default 64)")
