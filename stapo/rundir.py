@@ -53,10 +53,10 @@ def read_metrics(run_dir: str | Path) -> dict[int, dict[str, float]]:
     if not segments:
         raise FileNotFoundError(f"{run_dir}: no {METRICS_NAME} (was the run started with stapo.run_dir set?)")
     for path in segments:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines(): U+2028 may be in text
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except json.JSONDecodeError:  # also the empty string after the last newline
                 continue
             step = int(record["step"])
             merged = steps.setdefault(step, {})
