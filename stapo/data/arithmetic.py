@@ -19,6 +19,8 @@ import hashlib
 import random
 from pathlib import Path
 
+from stapo.data.synthetic import write_rows
+
 DATA_SOURCE = "stapo/arithmetic"
 HELD_OUT_PERCENT = 20  # share of the problem space reserved for the held-out split
 INSTRUCTION = "Put your final answer within \\boxed{}."
@@ -118,15 +120,8 @@ def write_parquet(
     out_dir: str | Path, train: int, heldout: int, seed: int = 0, level: str = "easy"
 ) -> tuple[Path, Path]:
     """``train.parquet`` and ``heldout.parquet`` under ``out_dir`` (written atomically)."""
-    import pandas as pd
-
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, count in (("train", train), ("heldout", heldout)):
-        path = out_dir / f"{split}.parquet"
-        tmp = path.with_suffix(".parquet.tmp")
-        pd.DataFrame(make_rows(count, split, seed, level)).to_parquet(tmp)
-        tmp.replace(path)
-        paths.append(path)
-    return paths[0], paths[1]
+    return (
+        write_rows(out_dir / "train.parquet", make_rows(train, "train", seed, level)),
+        write_rows(out_dir / "heldout.parquet", make_rows(heldout, "heldout", seed, level)),
+    )

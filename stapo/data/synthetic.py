@@ -51,17 +51,21 @@ def corpus_text(rows: list[dict]) -> list[str]:
     return texts
 
 
-def write_parquet(out_dir: str | Path, train: int = 256, val: int = 64, seed: int = 0) -> tuple[Path, Path]:
-    """Write ``train.parquet`` and ``val.parquet`` (disjoint seeds per split) and return their paths."""
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """One parquet file, written next to its final name and renamed: readers never see half a file."""
     import pandas as pd
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".parquet.tmp")
+    pd.DataFrame(rows).to_parquet(tmp)
+    tmp.replace(path)
+    return path
+
+
+def write_parquet(out_dir: str | Path, train: int = 256, val: int = 64, seed: int = 0) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` (disjoint seeds per split) and return their paths."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, count in (("train", train), ("val", val)):
-        path = out_dir / f"{split}.parquet"
-        tmp = path.with_suffix(".parquet.tmp")
-        pd.DataFrame(make_rows(count, split, seed)).to_parquet(tmp)
-        tmp.replace(path)  # readers never see a half-written file
-        paths.append(path)
-    return paths[0], paths[1]
+    return (
+        write_rows(out_dir / "train.parquet", make_rows(train, "train", seed)),
+        write_rows(out_dir / "val.parquet", make_rows(val, "val", seed)),
+    )
