@@ -92,3 +92,81 @@ def validate_actor(actor: Mapping[str, Any], prefix: str = "actor_rollout_ref.ac
         raise STAPOConfigError(
             f"{prefix_pl}loss_mode=entropy20 builds its mask from the old-policy pass; source must be 'old'"
         )
+
+
+# --- clip ratios and batch sizes (spec section 3 / 5) -------------------------------------------
+# A wrong value here is not caught by verl before the workers start: the dual-clip constant is
+# asserted inside the loss, and the mini/micro-batch divisibility inside each worker's update, i.e.
+# after a cluster start-up and a whole rollout.
+
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def check_clip_ratios(actor: Mapping[str, Any], prefix: str = "actor_rollout_ref.actor.") -> None:
+    """``clip_ratio``/``clip_ratio_low`` in [0, 1) (1 - eps must stay a positive ratio), ``clip_ratio_high``
+    >= 0, ``clip_ratio_c`` > 1 (verl's dual clip), all finite; ``None`` low/high fall back to clip_ratio."""
+    for name in ("clip_ratio", "clip_ratio_low"):
+        value = actor.get(name, None)
+        if value is not None and (not _is_number(value) or not 0.0 <= value < 1.0):
+            raise STAPOConfigError(f"{prefix}{name} must be in [0, 1) (paper: 0.2), got {value!r}")
+    value = actor.get("clip_ratio_high", None)
+    if value is not None and (not _is_number(value) or value < 0.0):
+        raise STAPOConfigError(f"{prefix}clip_ratio_high must be a finite number >= 0 (paper: 0.28), got {value!r}")
+    value = actor.get("clip_ratio_c", 3.0)
+    if not _is_number(value) or value <= 1.0:
+        raise STAPOConfigError(f"{prefix}clip_ratio_c must be a finite number > 1 (dual clip, paper: 10), got {value!r}")
+    check_choice("loss_agg_mode", actor.get("loss_agg_mode", TOKEN_MEAN), LOSS_AGG_MODES, prefix)
+
+
+def check_positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise STAPOConfigError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_batch_sizes(
+    train_batch_size: int,
+    rollout_n: int,
+    mini_batch_size: int,
+    world_size: int,
+    sp_size: int = 1,
+    micro_batch_size: int | None = None,
+    log_prob_micro_batch_sizes: Mapping[str, int | None] | None = None,
+) -> None:
+    """The divisibility verl's workers assert mid-step, checked up front (sizes in prompts, as in verl).
+
+    One step holds ``train_batch_size * rollout_n`` responses, split evenly over the ``world_size /
+    sp_size`` data-parallel ranks; each PPO mini-batch holds ``mini_batch_size * rollout_n``.
+    ``micro_batch_size`` (the update) and ``log_prob_micro_batch_sizes`` (key -> size, the log-prob
+    passes) are per GPU, ``None`` when dynamic batching replaces them.
+    """
+    tb, mini = "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"
+    world = "trainer.nnodes * trainer.n_gpus_per_node"
+    if world_size % sp_size:
+        raise STAPOConfigError(
+            f"{world} ({world_size}) must be a multiple of actor_rollout_ref.actor.ulysses_sequence_parallel_size "
+            f"({sp_size})"
+        )
+    dp = world_size // sp_size
+    if mini_batch_size > train_batch_size or train_batch_size % mini_batch_size:
+        raise STAPOConfigError(
+            f"{tb} ({train_batch_size}) must be a multiple of {mini} ({mini_batch_size}): otherwise verl pads the "
+            "last PPO mini-batch with empty synthetic samples"
+        )
+    responses, mini_responses = train_batch_size * rollout_n, mini_batch_size * rollout_n
+    if mini_responses % dp:
+        raise STAPOConfigError(
+            f"{mini} * actor_rollout_ref.rollout.n ({mini_batch_size} * {rollout_n} = {mini_responses} responses) "
+            f"must be divisible by the data-parallel size {world} / ulysses_sequence_parallel_size ({dp})"
+        )
+    if micro_batch_size is not None and (mini_responses // dp) % micro_batch_size:
+        raise STAPOConfigError(
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu ({micro_batch_size}) must divide the responses "
+            f"of one mini-batch on one rank ({mini} * rollout.n / data-parallel size = {mini_responses // dp})"
+        )
+    for key, micro in (log_prob_micro_batch_sizes or {}).items():
+        if micro is not None and (responses // dp) % micro:
+            raise STAPOConfigError(
+                f"{key} ({micro}) must divide the responses of one step on one rank "
+                f"({tb} * rollout.n / data-parallel size = {responses // dp})"
+            )

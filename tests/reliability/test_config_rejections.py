@@ -1,0 +1,163 @@
+"""Bad settings, tried on purpose through the real Hydra composition of conf/stapo_trainer.yaml.
+
+Each one must be refused by the driver-side checks (``validate_run_config``, which the recipe's
+``prepare()`` runs before Ray starts) with a message naming the key and what is allowed. Two of them
+also go through the real ``python -m recipe.stapo.main_stapo`` process, which must exit non-zero in
+seconds without starting Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from recipe.stapo.main_stapo import CONF_DIR
+from stapo.validation import STAPOConfigError
+from stapo.verl_plugin.run_checks import validate_run_config
+
+PL = "actor_rollout_ref.actor.policy_loss"
+ACTOR = "actor_rollout_ref.actor"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def compose_recipe(*overrides: str):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return compose(config_name="stapo_trainer", overrides=list(overrides))
+
+
+REJECTED = [
+    # (overrides, text the message must contain)
+    ([f"{PL}.tau_p=1.5"], f"{PL}.tau_p must be a probability in (0, 1)"),
+    ([f"{PL}.tau_p=0"], f"{PL}.tau_p must be a probability in (0, 1)"),
+    ([f"{PL}.tau_p=nan"], f"{PL}.tau_p must be a probability in (0, 1)"),
+    ([f"{PL}.tau_p=abc"], f"{PL}.tau_p must be a probability in (0, 1)"),
+    ([f"{PL}.entropy_quantile=0"], f"{PL}.entropy_quantile must be in (0, 1]"),
+    ([f"{PL}.entropy_quantile=1.01"], f"{PL}.entropy_quantile must be in (0, 1]"),
+    ([f"{PL}.source=fresh"], f"{PL}.source must be one of ['old', 'current']"),
+    (["algo=entropy20", f"{PL}.entropy_top_fraction=1.2"], f"{PL}.entropy_top_fraction must be in (0, 1]"),
+    (["algo=entropy20", f"{PL}.entropy_denominator=some"], f"{PL}.entropy_denominator must be one of ['all', 'kept']"),
+    ([f"{PL}.loss_mode=stapoo"], f"{PL}.loss_mode must be one of ["),
+    ([f"+{PL}.tau_pp=0.1"], f"unknown key(s) ['{PL}.tau_pp']"),
+    ([f"{ACTOR}.clip_ratio_low=1.2"], f"{ACTOR}.clip_ratio_low must be in [0, 1)"),
+    ([f"{ACTOR}.clip_ratio_low=-0.1"], f"{ACTOR}.clip_ratio_low must be in [0, 1)"),
+    ([f"{ACTOR}.clip_ratio_high=-0.1"], f"{ACTOR}.clip_ratio_high must be a finite number >= 0"),
+    ([f"{ACTOR}.clip_ratio_c=1.0"], f"{ACTOR}.clip_ratio_c must be a finite number > 1"),
+    ([f"{ACTOR}.loss_agg_mode=token-avg"], f"{ACTOR}.loss_agg_mode must be one of ['token-mean'"),
+    # contradictions
+    ([f"{PL}.source=current"], f"set {ACTOR}.calculate_entropy=true"),
+    ([f"{PL}.source=current", f"{ACTOR}.calculate_entropy=true", f"{ACTOR}.loss_agg_mode=token-sum"],
+     f"{ACTOR}.loss_agg_mode='token-sum' is not supported with {PL}.source=current"),
+    (["algo=entropy20", f"{PL}.source=current"], "loss_mode=entropy20 builds its mask from the old-policy pass"),
+    (["algorithm.rollout_correction.bypass_mode=true"], "algorithm.rollout_correction.bypass_mode=true skips"),
+    (["trainer.v1.trainer_mode=stapoo"], "trainer.v1.trainer_mode must be one of ["),
+    (["model_preset=qwen3_8b", "trainer.device=cpu"], "actor_rollout_ref.rollout.name=vllm needs GPUs but trainer.device=cpu"),
+    (["model_preset=qwen3_1p7b", "trainer.device=cpu"], "needs GPUs but trainer.device=cpu"),
+    # batch sizes (tiny: 4 prompts x 8 responses, mini-batch 4, micro 8, log-prob micro 16, one rank)
+    (["data.train_batch_size=6"], "data.train_batch_size (6) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (4)"),
+    ([f"{ACTOR}.ppo_mini_batch_size=8"], "data.train_batch_size (4) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (8)"),
+    (["model_preset=qwen3_8b", "data.train_batch_size=100"], "data.train_batch_size (100) must be a multiple of"),
+    (["trainer.n_gpus_per_node=3"], "(4 * 8 = 32 responses) must be divisible by the data-parallel size"),
+    (["model_preset=qwen3_8b", "trainer.nnodes=3"], "(64 * 8 = 512 responses) must be divisible by the data-parallel size"),
+    ([f"{ACTOR}.ppo_micro_batch_size_per_gpu=5"], f"{ACTOR}.ppo_micro_batch_size_per_gpu (5) must divide"),
+    (["trainer.n_gpus_per_node=2", f"{ACTOR}.ppo_micro_batch_size_per_gpu=32"], "ppo_micro_batch_size_per_gpu (32) must divide the responses of one mini-batch on one rank (actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n / data-parallel size = 16)"),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=12"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (12) must divide"),
+    (["algo=grpo", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=12"], "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu (12) must divide"),
+    ([f"{ACTOR}.ulysses_sequence_parallel_size=2"], f"trainer.nnodes * trainer.n_gpus_per_node (1) must be a multiple of {ACTOR}.ulysses_sequence_parallel_size (2)"),
+    (["trainer.n_gpus_per_node=4"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (16) must divide the responses of one step on one rank (data.train_batch_size * rollout.n / data-parallel size = 8)"),
+    (["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true"], "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz (True) must equal actor_rollout_ref.actor.use_dynamic_bsz (False)"),
+    (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n must be a positive integer, got 0"),
+    (["data.train_batch_size=-4"], "data.train_batch_size must be a positive integer, got -4"),
+    (["trainer.nnodes=0"], "trainer.nnodes must be a positive integer, got 0"),
+    ([f"{ACTOR}.ppo_micro_batch_size_per_gpu=0"], f"{ACTOR}.ppo_micro_batch_size_per_gpu must be a positive integer"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", REJECTED, ids=[" ".join(o) for o, _ in REJECTED])
+def test_bad_setting_is_refused_with_key_and_range(overrides, message):
+    cfg = compose_recipe("model_preset=tiny", *overrides) if not any(o.startswith("model_preset") for o in overrides) \
+        else compose_recipe(*overrides)
+    with pytest.raises(STAPOConfigError) as error:
+        validate_run_config(cfg)
+    assert message in str(error.value)
+
+
+ACCEPTED = [
+    [f"{PL}.tau_p=0.999", f"{PL}.entropy_quantile=1.0"],
+    [f"{ACTOR}.clip_ratio_low=0.0", f"{ACTOR}.clip_ratio_high=0.0", f"{ACTOR}.clip_ratio_c=1.001"],
+    [f"{PL}.source=current", f"{ACTOR}.calculate_entropy=true"],
+    [f"{PL}.source=current", f"{ACTOR}.entropy_coeff=0.001"],  # a bonus also turns the update entropy on
+    ["trainer.n_gpus_per_node=2"],
+    ["trainer.nnodes=2"],
+    ["trainer.n_gpus_per_node=4", f"{ACTOR}.ppo_micro_batch_size_per_gpu=4",
+     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"],
+    ["data.train_batch_size=8", f"{ACTOR}.ppo_mini_batch_size=2"],
+    # micro-batch sizes are unused with dynamic batches
+    [f"{ACTOR}.use_dynamic_bsz=true", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+     f"{ACTOR}.ppo_micro_batch_size_per_gpu=5", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7"],
+    ["algo=entropy20", f"{PL}.entropy_denominator=kept", f"{PL}.entropy_top_fraction=1.0"],
+]
+
+
+@pytest.mark.parametrize("overrides", ACCEPTED, ids=[" ".join(o) for o in ACCEPTED])
+def test_edge_of_range_settings_are_accepted(overrides):
+    validate_run_config(compose_recipe("model_preset=tiny", *overrides))
+
+
+def test_paper_recipe_on_64_gpus_and_other_layouts_pass():
+    for nodes, per_node in ((8, 8), (1, 8), (2, 4), (4, 8), (16, 8)):
+        validate_run_config(compose_recipe("model_preset=qwen3_8b", f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={per_node}"))
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (f"{PL}.tau_pp=0.1", "tau_pp"),  # misspelt STAPO key, no "+": Hydra's struct mode refuses it
+        (f"{ACTOR}.clip_ratio_hi=0.3", "clip_ratio_hi"),
+        ("trainer.total_training_stepz=3", "total_training_stepz"),
+        ("model_preset=qwen3_8", "qwen3_8"),
+        ("algo=stapoo", "stapoo"),
+    ],
+)
+def test_misspelt_key_or_preset_is_refused_by_hydra_naming_it(override, key):
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_recipe("model_preset=tiny", override) if not override.startswith("model_preset") else compose_recipe(override)
+    text = str(error.value) + str(error.value.__cause__ or "")
+    assert key in text
+
+
+def _run_recipe(*overrides: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, HYDRA_FULL_ERROR="1", PYTHONUNBUFFERED="1")
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "recipe.stapo.main_stapo", "model_preset=tiny", *overrides],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    return out, time.monotonic() - started
+
+
+RAY_STARTED = re.compile(r"Started a local Ray instance|ray init kwargs|ray\.init", re.IGNORECASE)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (f"{PL}.tau_pp=0.1", "tau_pp"),
+        ("data.train_batch_size=6", "data.train_batch_size (6) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (4)"),
+    ],
+)
+def test_recipe_process_exits_before_ray(override, expected):
+    out, seconds = _run_recipe(override)
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert expected in out.stderr, out.stderr[-3000:]
+    assert not RAY_STARTED.search(out.stdout + out.stderr), (out.stdout + out.stderr)[-3000:]
+    # the whole process: interpreter + torch + verl imports and the check; a Ray start alone takes longer
+    assert seconds < 90, seconds
+    print(f"[reliability] {override}: exit {out.returncode} after {seconds:.1f} s")
