@@ -51,6 +51,29 @@ def clipped_pg_losses(
     return pg_losses, flags
 
 
+def outside_mask_zeroed(mask: torch.Tensor, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """``tensors`` with every position outside ``mask`` set to 0 (``None`` passes through).
+
+    Why: a loss that multiplies by the mask afterwards still has NaN * 0 = NaN in its value and, in
+    the backward pass, 0 * NaN = NaN in the gradient of the policy, so a non-finite value at a
+    padded or silenced position (a stale old log-prob, an empty response) would poison the update
+    without any token of the loss being non-finite. ``torch.where`` cuts both paths.
+    """
+    mask = mask.bool()
+    return [None if t is None else torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device)) for t in tensors]
+
+
+def nonfinite_report(loss: torch.Tensor, mask: torch.Tensor, **tensors: torch.Tensor | None) -> str:
+    """The message of a refused update: how many loss tokens of each input are not finite."""
+    mask = mask.bool()
+    counts = {name: int((mask & ~torch.isfinite(t)).sum()) for name, t in tensors.items() if t is not None}
+    return (
+        f"policy loss is {float(loss.detach())} on this micro-batch: non-finite values among its {int(mask.sum())} "
+        f"loss tokens: {counts}; the update is refused (check the reward, the advantage estimator and the "
+        "rollout/actor log-probs of this batch)"
+    )
+
+
 def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` over ``mask``; 0 (still connected to the graph) when the mask is empty."""
     mask = mask.to(values.dtype)
@@ -73,7 +96,9 @@ def stapo_loss(
     """The single-process STAPO objective (token-mean over valid tokens) and its diagnostics.
 
     Detection runs on the given (current) ``log_prob`` and ``entropy``, detached; ``group`` widens
-    only the quantile's scope, the denominator stays this process's valid-token count.
+    only the quantile's scope, the denominator stays this process's valid-token count. Values
+    outside the valid tokens take no part; a non-finite value on a valid token raises
+    ``FloatingPointError`` with the counts (never a silent NaN update).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(log_prob)
@@ -81,10 +106,13 @@ def stapo_loss(
         log_prob.detach(), entropy.detach(), advantages, response_mask, tau_p, entropy_quantile, group
     )
     valid = response_mask.bool() & ~detection.spurious
-    pg_losses, flags = clipped_pg_losses(
-        old_log_prob, log_prob, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c
-    )
+    old_in, log_in, adv_in = outside_mask_zeroed(valid, old_log_prob, log_prob, advantages)
+    pg_losses, flags = clipped_pg_losses(old_in, log_in, adv_in, clip_ratio_low, clip_ratio_high, clip_ratio_c)
     loss = masked_token_mean(pg_losses, valid)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(
+            nonfinite_report(loss, valid, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages)
+        )
     metrics = s2t_diagnostics(detection, log_prob.detach(), entropy.detach(), advantages, response_mask, tau_p)
     metrics["pg_clipfrac"] = float(masked_token_mean(flags["clipped"].float(), valid))
     metrics["num_valid"] = float(valid.sum())
@@ -133,10 +161,15 @@ def entropy20_loss(
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(log_prob)
     keep = high_entropy_keep_mask(entropy.detach(), response_mask, top_fraction, group)
-    pg_losses, _ = clipped_pg_losses(old_log_prob, log_prob, advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    old_in, log_in, adv_in = outside_mask_zeroed(keep, old_log_prob, log_prob, advantages)
+    pg_losses, _ = clipped_pg_losses(old_in, log_in, adv_in, clip_ratio_low, clip_ratio_high, clip_ratio_c)
     denominator = keep if renormalise else response_mask.bool()
     kept_sum = (pg_losses * keep.to(pg_losses.dtype)).sum()
     loss = kept_sum / denominator.sum().clamp(min=1).to(pg_losses.dtype)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(
+            nonfinite_report(loss, keep, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages)
+        )
     num_tokens = int(response_mask.bool().sum())
     metrics = {"keep_ratio": float(keep.sum()) / num_tokens if num_tokens else 0.0}
     return loss, metrics

@@ -134,8 +134,16 @@ def s2t_diagnostics(
             "num_candidates_local": float(detection.candidates.sum()),
             "tau_h": detection.tau_h,
             "positive_low_prob_frac": float((positive & low_prob).sum()) / num_positive if num_positive else 0.0,
+            # how often the degenerate cases of issue 8 happened in this batch (all over response tokens):
+            # a NaN/inf entropy is never ranked nor masked, a NaN log-prob is never a candidate, a
+            # non-finite advantage fails the loss; zero advantages (a group with one reward) and empty
+            # responses (verl's padding samples, instant EOS) are legal but carry no signal
             "nonfinite_entropy": float((mask & ~finite).sum()),
             "nonfinite_log_prob": float((mask & ~torch.isfinite(log_prob)).sum()),
+            "nonfinite_advantage": float((mask & ~torch.isfinite(advantages)).sum()),
+            "zero_advantage_fraction": float((mask & (advantages == 0)).sum()) / num_tokens if num_tokens else 0.0,
+            "empty_responses": float((~mask.any(dim=-1)).sum()) if mask.dim() > 1 else float(not mask.any()),
+            "num_response_tokens": float(num_tokens),
         }
         for p in ENTROPY_PERCENTILES:
             metrics[f"entropy_p{round(p * 100)}"] = linear_quantile(response_entropy, p)

@@ -28,7 +28,7 @@ from verl.utils.torch_functional import masked_mean
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from stapo.loss import clipped_pg_losses
+from stapo.loss import clipped_pg_losses, nonfinite_report, outside_mask_zeroed
 from stapo.quantile import all_reduce_sum
 from stapo.s2t import detect_spurious, s2t_diagnostics
 
@@ -58,19 +58,51 @@ class STAPOLossFn:
         self.config = actor_config
 
     def __call__(self, model_output, data, dp_group=None):
-        entropy = model_output.get("entropy", None)
-        if entropy is not None:
-            entropy = no_padding_2_padding(entropy, data)
+        raw_entropy = model_output.get("entropy", None)
+        entropy = None if raw_entropy is None else no_padding_2_padding(raw_entropy, data)
         context = UpdateContext(
             entropy=entropy,
             dp_group=dp_group,
             mask_folded=bool(tu.get_non_tensor_data(data=data, key=MASK_FOLDED_KEY, default=False)),
         )
+        if raw_entropy is not None and isinstance(model_output, dict):
+            # the detection sees the raw entropy (non-finite values are excluded there and counted);
+            # verl's entropy term gets it with those zeroed, else one NaN token (a metric when
+            # entropy_coeff=0) would turn the whole micro-batch's loss into NaN
+            model_output = {**model_output, "entropy": _finite_or_zero(raw_entropy)}
         token = _UPDATE_CONTEXT.set(context)
         try:
-            return ppo_loss(self.config, model_output, data, dp_group)
+            loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
         finally:
             _UPDATE_CONTEXT.reset(token)
+        if not torch.isfinite(loss):  # e.g. a NaN reference log-prob in verl's KL term
+            raise FloatingPointError(
+                f"actor loss is {float(loss.detach())} on this micro-batch although the policy-gradient term is "
+                f"finite: verl's KL / entropy terms are not (metrics: {_finite_floats(metrics)}); the update is refused"
+            )
+        return loss, metrics
+
+
+def _finite_or_zero(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (dense or jagged nested) with non-finite values set to 0; the same object when all are finite."""
+    values = tensor.values() if tensor.is_nested else tensor
+    finite = torch.isfinite(values)
+    if bool(finite.all()):
+        return tensor
+    clean = torch.where(finite, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    return torch.nested.nested_tensor_from_jagged(clean, tensor.offsets()) if tensor.is_nested else clean
+
+
+def _finite_floats(metrics) -> dict:
+    out = {}
+    for key, value in metrics.items():
+        value = getattr(value, "values", value)  # verl's Metric keeps a list
+        value = value[0] if isinstance(value, list) and len(value) == 1 else value
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = float(value.detach())
+        if isinstance(value, float):
+            out[key] = value
+    return out
 
 
 def _require_context(loss_mode: str) -> UpdateContext:
@@ -85,40 +117,43 @@ def _require_context(loss_mode: str) -> UpdateContext:
 
 
 def _clipped_loss(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config, rollout_is_weights):
-    """verl's vanilla objective (clip-higher, dual clip) over ``mask``, with its three metrics."""
+    """verl's vanilla objective (clip-higher, dual clip) over ``mask``, with its three metrics.
+
+    Values outside ``mask`` are zeroed before use (a NaN at a padded or silenced position would
+    otherwise reach the gradient through 0 * NaN); a micro-batch without any loss token contributes
+    an exact zero (verl's token-mean would divide 0 by a global count of 0 when a whole mini-batch
+    is empty); a non-finite loss on real tokens fails the step with the counts.
+    """
+    mask = mask.bool()
+    inputs = (old_log_prob, log_prob, advantages, rollout_is_weights)
+    old_in, log_in, adv_in, weights_in = outside_mask_zeroed(mask, *inputs)
     pg_losses, flags = clipped_pg_losses(
-        old_log_prob,
-        log_prob,
-        advantages,
+        old_in,
+        log_in,
+        adv_in,
         clip_ratio_low=config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio,
         clip_ratio_high=config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio,
         clip_ratio_c=config.get("clip_ratio_c", 3.0),
     )
-    if rollout_is_weights is not None:
-        pg_losses = pg_losses * rollout_is_weights
-    loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
+    if weights_in is not None:
+        pg_losses = pg_losses * weights_in
+    if not mask.any():
+        loss = pg_losses.sum() * 0.0  # nothing to learn from here; keeps the graph, exact zero gradient
+    else:
+        loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
     if not torch.isfinite(loss):
-        raise FloatingPointError(_nonfinite_report(loss, old_log_prob, log_prob, advantages, mask))
+        raise FloatingPointError(
+            nonfinite_report(
+                loss, mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
+                rollout_is_weights=rollout_is_weights,
+            )
+        )
     metrics = {
         "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
         "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
         "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
     }
     return loss, metrics
-
-
-def _nonfinite_report(loss, old_log_prob, log_prob, advantages, mask) -> str:
-    """Fail the step loudly, with the statistics a user needs, rather than apply a NaN update."""
-    mask = mask.bool()
-    counts = {
-        name: int((mask & ~torch.isfinite(tensor)).sum())
-        for name, tensor in (("log_prob", log_prob), ("old_log_prob", old_log_prob), ("advantages", advantages))
-    }
-    return (
-        f"policy loss is {float(loss.detach())} on this micro-batch: non-finite values among its {int(mask.sum())} "
-        f"loss tokens: {counts}; the update is refused (check the reward, the advantage estimator and the "
-        "rollout/actor log-probs of this batch)"
-    )
 
 
 @register_policy_loss("stapo")
