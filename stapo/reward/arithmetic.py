@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from stapo.reward.boxed import last_boxed, normalize_answer
+from stapo.reward.boxed import as_reply_text, ground_truths, last_boxed, normalize_answer
 
 MAX_SCAN_CHARS = 2_000
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -31,12 +31,13 @@ def last_number(text: str) -> str | None:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs) -> dict:
-    reply = solution_str or ""
-    truth = normalize_answer(str(ground_truth))
+    reply = as_reply_text(solution_str)
+    truths = ground_truths(ground_truth)
+    truth = normalize_answer(truths[0]) if truths else None  # no ground truth: nothing can be right
     boxed = last_boxed(reply)
-    boxed_right = boxed is not None and normalize_answer(boxed) == truth
+    boxed_right = truth is not None and boxed is not None and normalize_answer(boxed) == truth
     number = None if boxed is not None else last_number(reply)
-    number_right = number is not None and normalize_answer(number) == truth
+    number_right = truth is not None and number is not None and normalize_answer(number) == truth
     score = 1.0 if boxed_right else 0.5 if number_right else -1.0
     return {
         "score": score,

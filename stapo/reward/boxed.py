@@ -17,6 +17,7 @@ Cost is linear in the input and the scan is capped (``MAX_SCAN_CHARS`` of the re
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Any
@@ -198,24 +199,56 @@ def compute_score(
         math_verify = _flag(os.environ.get("STAPO_MATH_VERIFY", "0"))
     if verify_timeout_s is None:
         verify_timeout_s = float(os.environ.get("STAPO_MATH_VERIFY_TIMEOUT", "5"))
-    extracted = last_boxed(solution_str)
-    truth = "" if ground_truth is None else str(ground_truth)
-    gold = normalize_answer(truth)
-    correct = extracted is not None and bool(gold) and normalize_answer(extracted) == gold
+    extracted = last_boxed(as_reply_text(solution_str))
+    truths = ground_truths(ground_truth)
+    golds = {normalize_answer(truth) for truth in truths} - {""}
+    correct = extracted is not None and normalize_answer(extracted) in golds
     decided_by = "strict"
-    if not correct and _flag(math_verify) and extracted is not None and truth.strip():
+    if not correct and _flag(math_verify) and extracted is not None and golds:
         from stapo.reward.verify import default_verifier
 
-        verdict = default_verifier(float(verify_timeout_s)).equivalent(truth, extracted)
-        correct, decided_by = bool(verdict), ("timeout" if verdict is None else "math_verify")
+        for truth in truths:  # the first one math-verify accepts; a timeout stops the search
+            verdict = default_verifier(float(verify_timeout_s)).equivalent(truth, extracted)
+            correct, decided_by = bool(verdict), ("timeout" if verdict is None else "math_verify")
+            if verdict is not False:
+                break
     return {
         "score": 1.0 if correct else -1.0,
         "acc": float(correct),
         "has_answer": float(extracted is not None),
+        # a row without a usable ground truth scores -1 whatever the reply; this counts them
+        "has_ground_truth": float(bool(golds)),
         "checker_strict": float(decided_by == "strict"),
         "checker_math_verify": float(decided_by == "math_verify"),
         "checker_timeout": float(decided_by == "timeout"),
     }
+
+
+def as_reply_text(reply: Any) -> str:
+    """The reply as text whatever the caller passed (None, bytes, a number): the reward never raises."""
+    if reply is None:
+        return ""
+    if isinstance(reply, (bytes, bytearray)):
+        return bytes(reply).decode("utf-8", errors="replace")
+    return reply if isinstance(reply, str) else str(reply)
+
+
+def ground_truths(value: Any) -> list[str]:
+    """The usable ground-truth strings of a row: none for None / NaN / inf / empty / a mapping, one per
+    element for a list or array (any of them counts as right), else the value as text."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in values:
+        if item is None or isinstance(item, (bool, dict, list, tuple)):
+            continue
+        if isinstance(item, float) and not math.isfinite(item):
+            continue
+        text = as_reply_text(item).strip()[:MAX_ANSWER_CHARS]
+        if text:
+            out.append(text)
+    return out
 
 
 def checker_name(result: dict) -> str:
