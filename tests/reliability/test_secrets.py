@@ -1,0 +1,126 @@
+"""Credentials in the environment never reach a logged config; a config that would carry one is refused.
+
+verl prints the resolved config, writes it to the run folder (via the recipe) and passes it to
+wandb/tensorboard, so the check is on the config itself: composed for real from
+conf/stapo_trainer.yaml with tokens in the environment, resolved as the recipe resolves it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf, open_dict
+
+from recipe.stapo.main_stapo import CONF_DIR
+from stapo.secrets import MASK, find_secrets, redact, redact_text, wandb_env_defaults
+from stapo.validation import STAPOConfigError
+from stapo.verl_plugin.run_checks import validate_run_config
+
+REPO = Path(__file__).resolve().parents[2]
+SECRETS = {
+    "WANDB_API_KEY": "wandb-0123456789abcdef0123456789abcdef",
+    "HF_TOKEN": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+    "AWS_SECRET_ACCESS_KEY": "aws/secret+value/0987654321",
+    "MY_SERVICE_SECRET": "s3cr3t-s3cr3t-s3cr3t",
+    "OPENAI_API_KEY": "sk-proj-abcdefghijklmnop",
+}
+
+
+@pytest.fixture
+def secret_env(monkeypatch):
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    return SECRETS
+
+
+def resolved(*overrides: str):
+    """The config as the recipe hands it to verl (and verl to its loggers): hydra node dropped, resolved."""
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="stapo_trainer", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+@pytest.mark.parametrize("preset", ["tiny", "smollm2", "qwen3_1p7b", "qwen3_8b", "qwen3_14b"])
+def test_composed_configs_hold_no_credential_from_the_environment(secret_env, preset):
+    cfg = resolved(f"model_preset={preset}")
+    validate_run_config(cfg)  # the driver check passes: nothing to refuse
+    OmegaConf.resolve(cfg)
+    text = OmegaConf.to_yaml(cfg)  # what config.yaml, verl's printout and wandb's config get
+    for name, value in secret_env.items():
+        assert value not in text, name
+    assert find_secrets(OmegaConf.to_container(cfg)) == []
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN=${oc.env:HF_TOKEN}", "ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN"),
+        ("+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_KEY_COPY=" + SECRETS["WANDB_API_KEY"], "$WANDB_API_KEY"),
+        ("trainer.experiment_name=run-" + SECRETS["MY_SERVICE_SECRET"], "trainer.experiment_name holds the value of $MY_SERVICE_SECRET"),
+        ("+trainer.wandb_proxy=http://alice:hunter22@proxy.internal:3128", "trainer.wandb_proxy is a URL with a user:password"),
+        ("+ray_kwargs.ray_init.runtime_env.env_vars.GITHUB_TOKEN=ghp_literal_value_here", "env_vars.GITHUB_TOKEN looks like a credential"),
+    ],
+)
+def test_config_carrying_a_credential_is_refused_without_echoing_it(secret_env, override, named):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="stapo_trainer", overrides=["model_preset=tiny", override])
+    with pytest.raises(STAPOConfigError) as error:
+        validate_run_config(cfg)
+    message = str(error.value)
+    assert named in message and "export the variable" in message
+    assert not any(value in message for value in secret_env.values())
+    assert "hunter22" not in message and "ghp_literal_value_here" not in message
+
+
+def test_redact_masks_values_keys_and_url_passwords(secret_env):
+    tree = {
+        "data": {"prompt_key": "prompt", "image_key": "images"},  # column names, not secrets
+        "env_vars": {"HF_TOKEN": "anything-at-all", "OMP_NUM_THREADS": "1"},
+        "note": f"token is {SECRETS['HF_TOKEN']} ok",
+        "urls": ["https://bob:pa55word@host/x", "https://host/y"],
+        "n": 3,
+    }
+    out = redact(tree)
+    assert out["data"] == tree["data"] and out["env_vars"]["OMP_NUM_THREADS"] == "1" and out["n"] == 3
+    assert out["env_vars"]["HF_TOKEN"] == MASK
+    assert out["note"] == f"token is {MASK} ok"
+    assert out["urls"] == [f"https://{MASK}@host/x", "https://host/y"]
+    log = "\n".join(f"{k}={v}" for k, v in secret_env.items())
+    cleaned = redact_text(log)
+    assert not any(value in cleaned for value in secret_env.values()) and "HF_TOKEN=" + MASK in cleaned
+    assert redact_text("short KEY=1 stays", {"SOME_KEY": "1"}) == "short KEY=1 stays"  # too short to match
+
+
+def test_wandb_is_offline_unless_the_user_chose_a_mode(secret_env):
+    """The paper presets log to wandb; with an API key in the environment wandb would go online."""
+    qwen = resolved("model_preset=qwen3_8b")
+    assert "wandb" in qwen.trainer.logger
+    assert wandb_env_defaults(qwen.trainer.logger, qwen.ray_kwargs.ray_init.runtime_env.get("env_vars")) == {
+        "WANDB_MODE": "offline"
+    }
+    assert wandb_env_defaults(qwen.trainer.logger, {}, environ={"WANDB_MODE": "online"}) == {}
+    assert wandb_env_defaults(qwen.trainer.logger, {"WANDB_MODE": "online"}) == {}
+    tiny = resolved("model_preset=tiny")
+    assert "wandb" not in tiny.trainer.logger and wandb_env_defaults(tiny.trainer.logger, {}) == {}
+
+
+def test_recipe_process_refuses_a_token_in_the_runtime_env_before_ray(secret_env):
+    env = dict(os.environ, HYDRA_FULL_ERROR="1")
+    out = subprocess.run(
+        [sys.executable, "-m", "recipe.stapo.main_stapo", "model_preset=tiny",
+         "+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN=${oc.env:HF_TOKEN}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    both = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN holds the value of $HF_TOKEN" in out.stderr
+    assert SECRETS["HF_TOKEN"] not in both and "Started a local Ray instance" not in both
