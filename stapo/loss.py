@@ -60,7 +60,8 @@ def outside_mask_zeroed(mask: torch.Tensor, *tensors: torch.Tensor | None) -> li
     without any token of the loss being non-finite. ``torch.where`` cuts both paths.
     """
     mask = mask.bool()
-    return [None if t is None else torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device)) for t in tensors]
+    zero = torch.zeros((), dtype=torch.float64)
+    return [None if t is None else torch.where(mask, t, zero.to(dtype=t.dtype, device=t.device)) for t in tensors]
 
 
 def nonfinite_report(loss: torch.Tensor, mask: torch.Tensor, **tensors: torch.Tensor | None) -> str:

@@ -114,7 +114,9 @@ def check_clip_ratios(actor: Mapping[str, Any], prefix: str = "actor_rollout_ref
         raise STAPOConfigError(f"{prefix}clip_ratio_high must be a finite number >= 0 (paper: 0.28), got {value!r}")
     value = actor.get("clip_ratio_c", 3.0)
     if not _is_number(value) or value <= 1.0:
-        raise STAPOConfigError(f"{prefix}clip_ratio_c must be a finite number > 1 (dual clip, paper: 10), got {value!r}")
+        raise STAPOConfigError(
+            f"{prefix}clip_ratio_c must be a finite number > 1 (dual clip, paper: 10), got {value!r}"
+        )
     check_choice("loss_agg_mode", actor.get("loss_agg_mode", TOKEN_MEAN), LOSS_AGG_MODES, prefix)
 
 

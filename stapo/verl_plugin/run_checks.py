@@ -52,6 +52,7 @@ def validate_run_config(config) -> None:
         )
     _check_batches(config)
     _check_device(config)
+    _check_recipe_keys(config)
     _check_no_secrets(config)
 
 
@@ -96,11 +97,13 @@ def _check_batches(config) -> None:
     train = check_positive_int("data.train_batch_size", data.train_batch_size)
     n = check_positive_int("actor_rollout_ref.rollout.n", rollout.n)
     mini = check_positive_int("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)
-    dynamic, log_prob_dynamic = bool(actor.get("use_dynamic_bsz", False)), bool(rollout.get("log_prob_use_dynamic_bsz", False))
+    dynamic = bool(actor.get("use_dynamic_bsz", False))
+    log_prob_dynamic = bool(rollout.get("log_prob_use_dynamic_bsz", False))
     if dynamic != log_prob_dynamic:  # asserted by verl's actor worker at start-up, without the key names
         raise STAPOConfigError(
             f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz ({log_prob_dynamic}) must equal "
-            f"actor_rollout_ref.actor.use_dynamic_bsz ({dynamic}): the actor computes the old log-probs with its own batching"
+            f"actor_rollout_ref.actor.use_dynamic_bsz ({dynamic}): the actor computes the old log-probs with its "
+            "own batching"
         )
     if actor.get("strategy", None) not in FSDP_STRATEGIES:
         return  # megatron's DP size depends on TP x PP x CP; verl checks that layout itself
@@ -133,6 +136,21 @@ def _check_device(config) -> None:
             "recipes); on a CPU use model_preset=tiny or model_preset=smollm2 (rollout stapo_hf), on GPUs "
             "trainer.device=cuda"
         )
+
+
+def _check_recipe_keys(config) -> None:
+    """This recipe's own ``stapo.*`` keys (read by the trainer inside Ray, or by prepare() after the checks)."""
+    stapo = config.get("stapo", None) or {}
+    for key in ("every", "max_tokens", "context"):
+        value = OmegaConf.select(config, f"stapo.spurious_log.{key}", default=0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise STAPOConfigError(f"stapo.spurious_log.{key} must be an integer >= 0, got {value!r}")
+    if stapo.get("synthetic_data_dir", None):
+        for key in ("synthetic_train_rows", "synthetic_val_rows"):
+            check_positive_int(f"stapo.{key}", stapo.get(key, 1))
+        seed = stapo.get("synthetic_seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise STAPOConfigError(f"stapo.synthetic_seed must be an integer, got {seed!r}")
 
 
 def _check_no_secrets(config) -> None:

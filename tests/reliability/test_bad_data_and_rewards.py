@@ -146,7 +146,8 @@ def test_malformed_parquet_rows_are_skipped_counted_and_listed(tmp_path):
     for _, reason in expected_skips:
         counts[reason] = counts.get(reason, 0) + 1
     assert summary["skipped"] == counts
-    listed = [json.loads(line) for line in (tmp_path / "out" / "math500" / "test.skipped.jsonl").read_text().splitlines()]
+    listing = (tmp_path / "out" / "math500" / "test.skipped.jsonl").read_text()
+    listed = [json.loads(line) for line in listing.splitlines()]
     assert [(s["row"], s["reason"]) for s in listed] == expected_skips
     frame = pd.read_parquet(summary["output"])
     assert list(frame["reward_model"].map(lambda r: r["ground_truth"])) == ["2", "12"]
@@ -158,7 +159,8 @@ def test_verl_rows_with_null_ground_truth_or_no_user_turn(tmp_path):
     rows = [
         {"prompt": [{"role": "user", "content": "Q1"}], "reward_model": {"ground_truth": "4", "style": "rule"}},
         {"prompt": [{"role": "user", "content": "Q2"}], "reward_model": {"ground_truth": None, "style": "rule"}},
-        {"prompt": [{"role": "system", "content": "only a system turn"}], "reward_model": {"ground_truth": "1", "style": "rule"}},
+        {"prompt": [{"role": "system", "content": "only a system turn"}],
+         "reward_model": {"ground_truth": "1", "style": "rule"}},
         {"prompt": [], "reward_model": {"ground_truth": "1", "style": "rule"}},
     ]
     source = tmp_path / "verl.parquet"

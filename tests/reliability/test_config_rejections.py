@@ -25,6 +25,8 @@ from stapo.verl_plugin.run_checks import validate_run_config
 
 PL = "actor_rollout_ref.actor.policy_loss"
 ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+MINI = f"{ACTOR}.ppo_mini_batch_size"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -58,22 +60,34 @@ REJECTED = [
     (["algo=entropy20", f"{PL}.source=current"], "loss_mode=entropy20 builds its mask from the old-policy pass"),
     (["algorithm.rollout_correction.bypass_mode=true"], "algorithm.rollout_correction.bypass_mode=true skips"),
     (["trainer.v1.trainer_mode=stapoo"], "trainer.v1.trainer_mode must be one of ["),
-    (["model_preset=qwen3_8b", "trainer.device=cpu"], "actor_rollout_ref.rollout.name=vllm needs GPUs but trainer.device=cpu"),
+    (["model_preset=qwen3_8b", "trainer.device=cpu"], f"{ROLLOUT}.name=vllm needs GPUs but trainer.device=cpu"),
     (["model_preset=qwen3_1p7b", "trainer.device=cpu"], "needs GPUs but trainer.device=cpu"),
     # batch sizes (tiny: 4 prompts x 8 responses, mini-batch 4, micro 8, log-prob micro 16, one rank)
-    (["data.train_batch_size=6"], "data.train_batch_size (6) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (4)"),
-    ([f"{ACTOR}.ppo_mini_batch_size=8"], "data.train_batch_size (4) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (8)"),
+    (["data.train_batch_size=6"], f"data.train_batch_size (6) must be a multiple of {MINI} (4)"),
+    ([f"{MINI}=8"], f"data.train_batch_size (4) must be a multiple of {MINI} (8)"),
     (["model_preset=qwen3_8b", "data.train_batch_size=100"], "data.train_batch_size (100) must be a multiple of"),
     (["trainer.n_gpus_per_node=3"], "(4 * 8 = 32 responses) must be divisible by the data-parallel size"),
-    (["model_preset=qwen3_8b", "trainer.nnodes=3"], "(64 * 8 = 512 responses) must be divisible by the data-parallel size"),
+    (["model_preset=qwen3_8b", "trainer.nnodes=3"], "(64 * 8 = 512 responses) must be divisible by the data-parallel"),
     ([f"{ACTOR}.ppo_micro_batch_size_per_gpu=5"], f"{ACTOR}.ppo_micro_batch_size_per_gpu (5) must divide"),
-    (["trainer.n_gpus_per_node=2", f"{ACTOR}.ppo_micro_batch_size_per_gpu=32"], "ppo_micro_batch_size_per_gpu (32) must divide the responses of one mini-batch on one rank (actor_rollout_ref.actor.ppo_mini_batch_size * rollout.n / data-parallel size = 16)"),
-    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=12"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (12) must divide"),
-    (["algo=grpo", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=12"], "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu (12) must divide"),
-    ([f"{ACTOR}.ulysses_sequence_parallel_size=2"], f"trainer.nnodes * trainer.n_gpus_per_node (1) must be a multiple of {ACTOR}.ulysses_sequence_parallel_size (2)"),
-    (["trainer.n_gpus_per_node=4"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (16) must divide the responses of one step on one rank (data.train_batch_size * rollout.n / data-parallel size = 8)"),
-    (["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true"], "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz (True) must equal actor_rollout_ref.actor.use_dynamic_bsz (False)"),
-    (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n must be a positive integer, got 0"),
+    (["trainer.n_gpus_per_node=2", f"{ACTOR}.ppo_micro_batch_size_per_gpu=32"],
+     f"ppo_micro_batch_size_per_gpu (32) must divide the responses of one mini-batch on one rank ({MINI} * "
+     "rollout.n / data-parallel size = 16)"),
+    ([f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu=12"],
+     f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu (12) must divide"),
+    (["algo=grpo", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=12"],
+     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu (12) must divide"),
+    ([f"{ACTOR}.ulysses_sequence_parallel_size=2"],
+     f"trainer.nnodes * trainer.n_gpus_per_node (1) must be a multiple of {ACTOR}.ulysses_sequence_parallel_size (2)"),
+    (["trainer.n_gpus_per_node=4"],
+     f"{ROLLOUT}.log_prob_micro_batch_size_per_gpu (16) must divide the responses of one step on one rank "
+     "(data.train_batch_size * rollout.n / data-parallel size = 8)"),
+    ([f"{ROLLOUT}.log_prob_use_dynamic_bsz=true"],
+     f"{ROLLOUT}.log_prob_use_dynamic_bsz (True) must equal {ACTOR}.use_dynamic_bsz (False)"),
+    (["stapo.spurious_log.every=-1"], "stapo.spurious_log.every must be an integer >= 0, got -1"),
+    (["stapo.spurious_log.max_tokens=many"], "stapo.spurious_log.max_tokens must be an integer >= 0, got 'many'"),
+    (["stapo.synthetic_train_rows=0"], "stapo.synthetic_train_rows must be a positive integer, got 0"),
+    (["stapo.synthetic_seed=1.5"], "stapo.synthetic_seed must be an integer, got 1.5"),
+    ([f"{ROLLOUT}.n=0"], f"{ROLLOUT}.n must be a positive integer, got 0"),
     (["data.train_batch_size=-4"], "data.train_batch_size must be a positive integer, got -4"),
     (["trainer.nnodes=0"], "trainer.nnodes must be a positive integer, got 0"),
     ([f"{ACTOR}.ppo_micro_batch_size_per_gpu=0"], f"{ACTOR}.ppo_micro_batch_size_per_gpu must be a positive integer"),
@@ -82,8 +96,8 @@ REJECTED = [
 
 @pytest.mark.parametrize("overrides, message", REJECTED, ids=[" ".join(o) for o, _ in REJECTED])
 def test_bad_setting_is_refused_with_key_and_range(overrides, message):
-    cfg = compose_recipe("model_preset=tiny", *overrides) if not any(o.startswith("model_preset") for o in overrides) \
-        else compose_recipe(*overrides)
+    preset = [] if any(o.startswith("model_preset") for o in overrides) else ["model_preset=tiny"]
+    cfg = compose_recipe(*preset, *overrides)
     with pytest.raises(STAPOConfigError) as error:
         validate_run_config(cfg)
     assert message in str(error.value)
@@ -113,7 +127,8 @@ def test_edge_of_range_settings_are_accepted(overrides):
 
 def test_paper_recipe_on_64_gpus_and_other_layouts_pass():
     for nodes, per_node in ((8, 8), (1, 8), (2, 4), (4, 8), (16, 8)):
-        validate_run_config(compose_recipe("model_preset=qwen3_8b", f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={per_node}"))
+        layout = (f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={per_node}")
+        validate_run_config(compose_recipe("model_preset=qwen3_8b", *layout))
 
 
 @pytest.mark.parametrize(
@@ -128,7 +143,7 @@ def test_paper_recipe_on_64_gpus_and_other_layouts_pass():
 )
 def test_misspelt_key_or_preset_is_refused_by_hydra_naming_it(override, key):
     with pytest.raises(ConfigCompositionException) as error:
-        compose_recipe("model_preset=tiny", override) if not override.startswith("model_preset") else compose_recipe(override)
+        compose_recipe(*([] if override.startswith("model_preset") else ["model_preset=tiny"]), override)
     text = str(error.value) + str(error.value.__cause__ or "")
     assert key in text
 
@@ -150,7 +165,7 @@ RAY_STARTED = re.compile(r"Started a local Ray instance|ray init kwargs|ray\.ini
     "override, expected",
     [
         (f"{PL}.tau_pp=0.1", "tau_pp"),
-        ("data.train_batch_size=6", "data.train_batch_size (6) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size (4)"),
+        ("data.train_batch_size=6", f"data.train_batch_size (6) must be a multiple of {MINI} (4)"),
     ],
 )
 def test_recipe_process_exits_before_ray(override, expected):
@@ -158,6 +173,7 @@ def test_recipe_process_exits_before_ray(override, expected):
     assert out.returncode != 0, out.stdout[-2000:]
     assert expected in out.stderr, out.stderr[-3000:]
     assert not RAY_STARTED.search(out.stdout + out.stderr), (out.stdout + out.stderr)[-3000:]
-    # the whole process: interpreter + torch + verl imports and the check; a Ray start alone takes longer
-    assert seconds < 90, seconds
+    # the whole process: interpreter, torch and verl imports, the check. About 15 s on an idle 2-core
+    # machine, 50 s under a load of 10; a hang guard only; the absence of Ray's start-up lines is the proof
+    assert seconds < 150, seconds
     print(f"[reliability] {override}: exit {out.returncode} after {seconds:.1f} s")

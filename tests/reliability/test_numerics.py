@@ -13,7 +13,7 @@ import torch
 from verl.utils import tensordict_utils as tu
 
 from stapo.loss import stapo_loss
-from stapo.s2t import detect_spurious, s2t_diagnostics
+from stapo.s2t import detect_spurious
 from stapo.verl_plugin.losses import MASK_FOLDED_KEY, STAPOLossFn
 from stapo.verl_plugin.trainer import fold_masks
 from tests.integration.verl_batches import actor_config, make_micro_batch
@@ -35,7 +35,8 @@ def batch(seed: int, rows: int = 6, cols: int = 12):
     new = old + torch.empty(rows, cols, dtype=torch.float64).uniform_(-0.5, 0.5, generator=g)
     entropy = torch.rand(rows, cols, generator=g, dtype=torch.float64) * 4
     sign = torch.tensor([1.0 if i % 3 else -1.0 for i in range(rows)], dtype=torch.float64)
-    advantages = (sign * (0.2 + torch.rand(rows, generator=g, dtype=torch.float64))).unsqueeze(-1).expand(rows, cols).clone()
+    per_row = sign * (0.2 + torch.rand(rows, generator=g, dtype=torch.float64))
+    advantages = per_row.unsqueeze(-1).expand(rows, cols).clone()
     lengths = torch.randint(cols // 2, cols + 1, (rows,), generator=g)
     mask = torch.arange(cols).unsqueeze(0) < lengths.unsqueeze(1)
     return old, new, entropy, advantages, mask
@@ -201,7 +202,8 @@ def test_verl_path_micro_batch_without_loss_tokens_is_an_exact_zero():
     """A whole mini-batch with nothing to learn (verl's token count is 0): zero loss, zero gradient."""
     old, new, entropy, advantages, mask = batch(6, rows=2)
     empty = torch.zeros_like(mask)
-    loss, grads, _ = _verl_loss(actor_config(loss_mode="stapo", source="old"), _rows(old, new, entropy, advantages, empty), 0)
+    config = actor_config(loss_mode="stapo", source="old")
+    loss, grads, _ = _verl_loss(config, _rows(old, new, entropy, advantages, empty), 0)
     assert float(loss) == 0.0 and torch.isfinite(grads).all() and (grads == 0).all()
 
 
@@ -209,7 +211,8 @@ def test_verl_path_nan_log_prob_on_a_loss_token_refuses_the_update():
     old, new, entropy, advantages, mask = batch(7, rows=3)
     new[0, 1] = NAN
     with pytest.raises(FloatingPointError, match=r"'log_prob': 1\b"):
-        _verl_loss(actor_config(loss_mode="stapo", source="old"), _rows(old, new, entropy, advantages, mask), int(mask.sum()))
+        config = actor_config(loss_mode="stapo", source="old")
+        _verl_loss(config, _rows(old, new, entropy, advantages, mask), int(mask.sum()))
 
 
 def test_verl_path_source_current_with_nonfinite_entropy_and_zero_advantages_counts_them():
@@ -230,3 +233,23 @@ def test_verl_path_source_current_with_nonfinite_entropy_and_zero_advantages_cou
     assert metrics["actor/stapo/empty_responses"] == 1.0
     zero = float((mask & (advantages == 0)).sum()) / float(mask.sum())
     assert metrics["actor/stapo/zero_advantage_fraction"] == pytest.approx(zero) and zero > 0
+
+
+def test_verl_path_nan_in_verls_kl_term_refuses_the_update():
+    """The policy-gradient term is finite, verl's KL term (a NaN reference log-prob) is not: loud failure."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from tests.integration.verl_batches import compose_verl, jagged, stapo_overrides
+
+    overrides = stapo_overrides(loss_mode="stapo", source="old") + ["actor_rollout_ref.actor.use_kl_loss=true"]
+    config = omega_conf_to_dataclass(compose_verl(overrides).actor_rollout_ref.actor)
+    old, new, entropy, advantages, mask = batch(9, rows=3)
+    rows = _rows(old, new, entropy, advantages, mask)
+    rows.pop("model_entropy")
+    model_output, data, _ = make_micro_batch(rows, [3] * 3, int(mask.sum()), 3)
+    ref = old.clone()
+    ref[1, 0] = NAN
+    data["ref_log_prob"] = jagged([ref[i] for i in range(3)])
+    tu.assign_non_tensor(data, **{MASK_FOLDED_KEY: True})
+    with pytest.raises(FloatingPointError, match="verl's KL / entropy terms are not"):
+        STAPOLossFn(config)(model_output=model_output, data=data)

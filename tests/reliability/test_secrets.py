@@ -23,6 +23,7 @@ from stapo.validation import STAPOConfigError
 from stapo.verl_plugin.run_checks import validate_run_config
 
 REPO = Path(__file__).resolve().parents[2]
+ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 SECRETS = {
     "WANDB_API_KEY": "wandb-0123456789abcdef0123456789abcdef",
     "HF_TOKEN": "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
@@ -63,11 +64,13 @@ def test_composed_configs_hold_no_credential_from_the_environment(secret_env, pr
 @pytest.mark.parametrize(
     "override, named",
     [
-        ("+ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN=${oc.env:HF_TOKEN}", "ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN"),
-        ("+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_KEY_COPY=" + SECRETS["WANDB_API_KEY"], "$WANDB_API_KEY"),
-        ("trainer.experiment_name=run-" + SECRETS["MY_SERVICE_SECRET"], "trainer.experiment_name holds the value of $MY_SERVICE_SECRET"),
-        ("+trainer.wandb_proxy=http://alice:hunter22@proxy.internal:3128", "trainer.wandb_proxy is a URL with a user:password"),
-        ("+ray_kwargs.ray_init.runtime_env.env_vars.GITHUB_TOKEN=ghp_literal_value_here", "env_vars.GITHUB_TOKEN looks like a credential"),
+        (f"+{ENV_VARS}.HF_TOKEN=${{oc.env:HF_TOKEN}}", f"{ENV_VARS}.HF_TOKEN"),
+        (f"+{ENV_VARS}.WANDB_KEY_COPY=" + SECRETS["WANDB_API_KEY"], "$WANDB_API_KEY"),
+        ("trainer.experiment_name=run-" + SECRETS["MY_SERVICE_SECRET"],
+         "trainer.experiment_name holds the value of $MY_SERVICE_SECRET"),
+        ("+trainer.wandb_proxy=http://alice:hunter22@proxy.internal:3128",
+         "trainer.wandb_proxy is a URL with a user:password"),
+        (f"+{ENV_VARS}.GITHUB_TOKEN=ghp_literal_value_here", "env_vars.GITHUB_TOKEN looks like a credential"),
     ],
 )
 def test_config_carrying_a_credential_is_refused_without_echoing_it(secret_env, override, named):
@@ -113,6 +116,7 @@ def test_wandb_is_offline_unless_the_user_chose_a_mode(secret_env):
     assert "wandb" not in tiny.trainer.logger and wandb_env_defaults(tiny.trainer.logger, {}) == {}
 
 
+@pytest.mark.slow  # one more recipe process (~15 s idle); tests/reliability/test_config_rejections.py has two
 def test_recipe_process_refuses_a_token_in_the_runtime_env_before_ray(secret_env):
     env = dict(os.environ, HYDRA_FULL_ERROR="1")
     out = subprocess.run(
