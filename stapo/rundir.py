@@ -29,7 +29,9 @@ def metric_segments(run_dir: str | Path) -> list[Path]:
     """The metrics files of a run folder, oldest first."""
     run_dir = Path(run_dir)
     previous = sorted(
-        (int(match.group(1)), path) for path in run_dir.glob("metrics.prev-*.jsonl") if (match := _SEGMENT.search(path.name))
+        (int(match.group(1)), path)
+        for path in run_dir.glob("metrics.prev-*.jsonl")
+        if (match := _SEGMENT.search(path.name))
     )
     current = run_dir / METRICS_NAME
     return [path for _, path in previous] + ([current] if current.exists() else [])

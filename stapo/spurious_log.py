@@ -22,11 +22,15 @@ def spurious_records(
     decode: Callable[[list[int]], str],
     context: int = 6,
     step: int | None = None,
+    lengths: list[int] | None = None,
 ) -> list[dict]:
-    """One record per silenced token: the token, a few tokens either side, its p and H."""
+    """One record per silenced token: the token, a few tokens either side, its p and H.
+
+    ``lengths`` (valid tokens per row) keeps the padding after a response out of its context.
+    """
     records = []
     for row, col in spurious.nonzero().tolist():
-        ids = response_ids[row].tolist()
+        ids = response_ids[row].tolist()[: None if lengths is None else lengths[row]]
         records.append(
             {
                 "step": step,

@@ -103,11 +103,13 @@ def make_rows(count: int, split: str, seed: int = 0, level: str = "easy") -> lis
     return rows
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def problem_space(level: str, split: str) -> int:
     """How many distinct problems ``split`` has at ``level`` (so an impossible count fails fast)."""
     addends, multiplicands, multipliers = LEVELS[level]
-    problems = {canonical("+", a, b) for a in range(addends[0], addends[1] + 1) for b in range(addends[0], addends[1] + 1)}
+    problems = {
+        canonical("+", a, b) for a in range(addends[0], addends[1] + 1) for b in range(addends[0], addends[1] + 1)
+    }
     problems |= {
         canonical("*", a, b)
         for a in range(multiplicands[0], multiplicands[1] + 1)

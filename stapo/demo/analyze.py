@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
 from stapo.s2t import detect_spurious, s2t_diagnostics
+from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
 
 ANSWER_SUFFIX = "Put the final answer in \\boxed{}."
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

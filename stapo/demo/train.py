@@ -81,8 +81,14 @@ def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: st
         log.write("$ " + " ".join(command) + "\n")
         log.flush()
         proc = subprocess.Popen(
-            command, cwd=repo_root(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            errors="replace", start_new_session=True,
+            command,
+            cwd=repo_root(),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
         )
         done = threading.Event()
         monitor = threading.Thread(target=_monitor, args=(proc, done, peak, progress, steps, started, last_output))

@@ -85,6 +85,8 @@ class STAPOLossFn:
 
 def _finite_or_zero(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` (dense or jagged nested) with non-finite values set to 0; the same object when all are finite."""
+    if tensor.is_nested and tensor.layout != torch.jagged:
+        return tensor  # verl hands jagged tensors over; anything else is left as verl made it
     values = tensor.values() if tensor.is_nested else tensor
     finite = torch.isfinite(values)
     if bool(finite.all()):

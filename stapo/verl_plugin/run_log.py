@@ -55,8 +55,15 @@ class SpuriousTokenLog:
             lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             context=self.context,
             step=step,
+            lengths=_last_valid_position(padded["response_mask"]),
         )
         append_jsonl(self.path, records)
+
+
+def _last_valid_position(response_mask: torch.Tensor) -> list[int]:
+    """Per row, one past the last valid token (0 for an empty row): where the padding starts."""
+    positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return (response_mask.bool() * positions).amax(dim=1).tolist()
 
 
 def reward_extra_means(extra_fields: list) -> dict[str, float]:

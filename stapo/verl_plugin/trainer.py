@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 
 import torch
-from tensordict import TensorDict
 import transfer_queue as tq
+from tensordict import TensorDict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass

@@ -27,9 +27,28 @@ def _offline_env() -> dict[str, str]:
 def test_demo_analysis_runs_on_real_weights(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "stapo.cli", "demo", "--analyze", "--prompts", "2", "--group-size", "4",
-         "--max-new-tokens", "12", "--out", str(out), "--tau-p", "0.05"],
-        capture_output=True, text=True, timeout=800, env=_offline_env(),
+        [
+            sys.executable,
+            "-m",
+            "stapo.cli",
+            "demo",
+            "--analyze",
+            "--prompts",
+            "2",
+            "--group-size",
+            "4",
+            "--max-new-tokens",
+            "12",
+            "--out",
+            str(out),
+            "--tau-p",
+            "0.05",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env=_offline_env(),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "S2T analysis" in proc.stdout
@@ -45,9 +64,33 @@ def test_demo_analysis_runs_on_real_weights(tmp_path):
 def test_demo_trains_stapo_and_grpo_and_plots_both(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "stapo.cli", "demo", "--steps", "2", "--prompts", "2", "--group-size", "4",
-         "--max-new-tokens", "24", "--heldout", "4", "--tau-p", "0.05", "--out", str(out), "--compare", "grpo"],
-        capture_output=True, text=True, timeout=1100, env=_offline_env(),
+        [
+            sys.executable,
+            "-m",
+            "stapo.cli",
+            "demo",
+            "--steps",
+            "2",
+            "--prompts",
+            "2",
+            "--group-size",
+            "4",
+            "--max-new-tokens",
+            "24",
+            "--heldout",
+            "4",
+            "--tau-p",
+            "0.05",
+            "--out",
+            str(out),
+            "--compare",
+            "grpo",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=1100,
+        env=_offline_env(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for algo in ("stapo", "grpo"):
@@ -79,15 +122,21 @@ def test_demo_rejects_bad_settings_before_loading_anything():
         (["--group-size", "1"], "--group-size must be >= 2"),
         (["--compare", "stapo"], "--compare stapo repeats --algo stapo"),
     ):
-        proc = subprocess.run([sys.executable, "-m", "stapo.cli", "demo", *args], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "stapo.cli", "demo", *args], check=False, capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode != 0
         assert message in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
 
 
 def test_plot_command_refuses_a_folder_without_metrics(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "stapo.cli", "plot", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stapo.cli", "plot", str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "stapo.run_dir" in proc.stderr
     assert not Path(tmp_path / "plots").exists()

@@ -25,12 +25,19 @@ def test_resume_keeps_earlier_metrics_and_later_lines_win(tmp_path):
     assert rotate_metrics(tmp_path).name == "metrics.prev-1.jsonl"
     # the resumed run repeats step 2 (after the step-1 checkpoint) and goes on; its last line is torn
     (tmp_path / "metrics.jsonl").write_text(
-        json.dumps({"step": 2, "data": {"x": 20.0}}) + "\n" + json.dumps({"step": 3, "data": {"x": 3.0}}) + "\n"
+        json.dumps({"step": 2, "data": {"x": 20.0}})
+        + "\n"
+        + json.dumps({"step": 3, "data": {"x": 3.0}})
+        + "\n"
         + '{"step": 4, "da'
     )
     assert rotate_metrics(tmp_path).name == "metrics.prev-2.jsonl"
     _write(tmp_path / "metrics.jsonl", [(4, {"x": 4.0, "note": "text is dropped"})])
-    assert [p.name for p in metric_segments(tmp_path)] == ["metrics.prev-1.jsonl", "metrics.prev-2.jsonl", "metrics.jsonl"]
+    assert [p.name for p in metric_segments(tmp_path)] == [
+        "metrics.prev-1.jsonl",
+        "metrics.prev-2.jsonl",
+        "metrics.jsonl",
+    ]
     steps = read_metrics(tmp_path)
     assert list(steps) == [0, 1, 2, 3, 4]
     assert steps[2]["x"] == 20.0 and steps[4] == {"x": 4.0} and steps[0]["val/average/acc"] == 0.1
@@ -48,7 +55,11 @@ def test_rotate_ignores_a_missing_or_empty_file_and_read_names_the_setting(tmp_p
 def test_console_lines_parse_and_progress_has_eta():
     line = "(TaskRunner pid=1) step:3 - critic/score/mean:-0.25 - actor/stapo/mask_ratio:0.0125 - timing_s/step:10.0"
     step, metrics = parse_step_line(line)
-    assert step == 3 and metrics == {"critic/score/mean": -0.25, "actor/stapo/mask_ratio": 0.0125, "timing_s/step": 10.0}
+    assert step == 3 and metrics == {
+        "critic/score/mean": -0.25,
+        "actor/stapo/mask_ratio": 0.0125,
+        "timing_s/step": 10.0,
+    }
     assert parse_step_line("no metrics here") is None
     assert parse_steps(line + "\nstep:4 - timing_s/step:30.0\n") == {3: metrics, 4: {"timing_s/step": 30.0}}
     progress = Progress(total_steps=10)
@@ -72,7 +83,9 @@ def test_plots_of_two_runs_are_valid_pngs_with_a_summary(tmp_path):
         run = tmp_path / name
         run.mkdir()
         records = [(0, {"val/average/acc": 0.1})]
-        records += [(s, {"critic/score/mean": s * scale, "actor/entropy": 1 / s, "timing_s/step": 5.0}) for s in (1, 2, 3)]
+        records += [
+            (s, {"critic/score/mean": s * scale, "actor/entropy": 1 / s, "timing_s/step": 5.0}) for s in (1, 2, 3)
+        ]
         if name == "stapo":
             records += [(s, {"actor/stapo/mask_ratio": 0.01 * s, "actor/stapo/tau_h": 0.3}) for s in (1, 2, 3)]
         records.append((3, {"val/average/acc": 0.3}))
@@ -91,7 +104,11 @@ def test_series_takes_the_first_key_present_and_labels_are_unique(tmp_path):
     steps = {1: {"b": 1.0}, 2: {"a": 5.0, "b": 2.0}}
     assert series(steps, ("a", "b")) == ("a", [2], [5.0])
     assert series(steps, ("c",)) is None
-    assert run_labels([tmp_path / "x" / "stapo", tmp_path / "y" / "stapo", tmp_path / "grpo"]) == ["x/stapo", "y/stapo", "grpo"]
+    assert run_labels([tmp_path / "x" / "stapo", tmp_path / "y" / "stapo", tmp_path / "grpo"]) == [
+        "x/stapo",
+        "y/stapo",
+        "grpo",
+    ]
 
 
 def test_reward_extra_means_skip_non_numbers_and_non_finite():
@@ -115,18 +132,33 @@ class _CharTokenizer:
 
 
 def test_spurious_token_log_caps_tokens_and_decodes_context(tmp_path):
-    log = SpuriousTokenLog.from_config({"run_dir": str(tmp_path), "spurious_log": {"every": 2, "max_tokens": 3, "context": 2}})
+    log = SpuriousTokenLog.from_config(
+        {"run_dir": str(tmp_path), "spurious_log": {"every": 2, "max_tokens": 3, "context": 2}}
+    )
     assert not log.wants(1) and log.wants(2)
     responses = torch.arange(12).view(2, 6)
     spurious = torch.zeros(2, 6, dtype=torch.bool)
     spurious[0, [1, 4]] = True
     spurious[1, [0, 5]] = True
-    padded = {"old_log_probs": torch.full((2, 6), -7.0), "entropy": torch.full((2, 6), 0.5)}
+    response_mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])  # row 0: padding at position 5
+    padded = {
+        "old_log_probs": torch.full((2, 6), -7.0),
+        "entropy": torch.full((2, 6), 0.5),
+        "response_mask": response_mask,
+    }
     log.write(2, responses, spurious, padded, _CharTokenizer())
     records = [json.loads(line) for line in (tmp_path / "spurious_tokens.jsonl").read_text().splitlines()]
     assert [(r["sample"], r["position"]) for r in records] == [(0, 1), (0, 4), (1, 0)]  # capped at 3, batch order
-    assert records[1] == {"step": 2, "sample": 0, "position": 4, "token": "e", "before": "cd", "after": "f",
-                          "prob": pytest.approx(torch.exp(torch.tensor(-7.0)).item()), "entropy": 0.5}
+    assert records[1] == {
+        "step": 2,
+        "sample": 0,
+        "position": 4,
+        "token": "e",
+        "before": "cd",
+        "after": "",
+        "prob": pytest.approx(torch.exp(torch.tensor(-7.0)).item()),
+        "entropy": 0.5,
+    }
     assert spurious.sum() == 4  # the caller's mask is not modified
 
 

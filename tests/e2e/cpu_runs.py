@@ -7,8 +7,8 @@ rollout server, the reference worker, the reward, the STAPO update. Only the GPU
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile

@@ -43,7 +43,8 @@ def _kill_at_step(step: int, signal_number: int = signal.SIGKILL):
 def test_sigkilled_run_resumes_from_its_checkpoint_with_the_same_data_order(tmp_path):
     common = ["algo=stapo", "trainer.total_training_steps=4", "trainer.save_freq=2"]
     reference = run_recipe(
-        common + [f"trainer.rollout_data_dir={tmp_path / 'ref_rollouts'}", "trainer.save_freq=-1"], tmp_path / "ref_ckpt"
+        common + [f"trainer.rollout_data_dir={tmp_path / 'ref_rollouts'}", "trainer.save_freq=-1"],
+        tmp_path / "ref_ckpt",
     )
     assert reference.returncode == 0, reference.log[-4000:]
     expected = _prompts_per_step(tmp_path / "ref_rollouts")
