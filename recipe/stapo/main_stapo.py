@@ -8,6 +8,7 @@ setting before Ray starts, and then runs verl's own ``run_ppo`` with verl's v1 t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import hydra
@@ -79,11 +80,22 @@ def prepare(config: DictConfig) -> DictConfig:
                 config.stapo.get("synthetic_task", "synthetic"),
             )
     run_dir = prepare_run_dir(config)
+    keep_wandb_offline_unless_asked(config)
     # resolve here: ${hydra:...} and ${oc.env:...} mean the driver's values, the remote has no Hydra
     OmegaConf.resolve(config)
     if run_dir is not None:
         write_config(config, run_dir)
     return config
+
+
+def keep_wandb_offline_unless_asked(config: DictConfig) -> None:
+    """wandb uploads as soon as it finds an API key; the workers get WANDB_MODE=offline unless the user set it."""
+    from stapo.secrets import wandb_env_defaults
+
+    env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
+    for key, value in wandb_env_defaults(config.trainer.logger, env_vars).items():
+        os.environ.setdefault(key, value)  # the driver too: verl's tracking may start here
+        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value, force_add=True)
 
 
 @hydra.main(config_path=CONF_DIR, config_name="stapo_trainer", version_base=None)

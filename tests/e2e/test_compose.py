@@ -136,3 +136,27 @@ def test_cfg_job_prints_the_composed_config(preset, algo, expected):
     assert out.returncode == 0, out.stderr[-2000:]
     for text in expected:
         assert text in out.stdout, text
+
+
+@pytest.mark.parametrize(
+    ("user_env", "user_override", "expected"),
+    [
+        ({}, None, "offline"),  # nobody chose: offline, even with an API key around
+        ({"WANDB_MODE": "online"}, None, None),  # the user's environment decides
+        ({}, "online", "online"),  # so does the runtime env the user set
+    ],
+)
+def test_wandb_goes_to_the_workers_offline_unless_the_user_chose(monkeypatch, user_env, user_override, expected):
+    from recipe.stapo.main_stapo import keep_wandb_offline_unless_asked
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    for key, value in user_env.items():
+        monkeypatch.setenv(key, value)
+    overrides = ["model_preset=qwen3_8b", "algo=stapo"]
+    if user_override:
+        overrides.append(f"+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE={user_override}")
+    cfg = compose_recipe(*overrides)
+    assert "wandb" in cfg.trainer.logger
+    keep_wandb_offline_unless_asked(cfg)
+    assert OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE") == expected
