@@ -58,7 +58,7 @@ def _worker(rank: int, port: int, config, results) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # two spawned ranks import verl: ~20 s idle, ~60 s on a loaded 2-core machine
+@pytest.mark.slow  # two spawned ranks import verl: ~10 s on an idle 2-core machine, ~80 s under a load of 10
 def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean():
     from tests.integration.verl_batches import actor_config
 

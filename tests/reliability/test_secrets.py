@@ -116,7 +116,6 @@ def test_wandb_is_offline_unless_the_user_chose_a_mode(secret_env):
     assert "wandb" not in tiny.trainer.logger and wandb_env_defaults(tiny.trainer.logger, {}) == {}
 
 
-@pytest.mark.slow  # one more recipe process (~15 s idle); tests/reliability/test_config_rejections.py has two
 def test_recipe_process_refuses_a_token_in_the_runtime_env_before_ray(secret_env):
     env = dict(os.environ, HYDRA_FULL_ERROR="1")
     out = subprocess.run(
