@@ -89,12 +89,15 @@ def prepare(config: DictConfig) -> DictConfig:
 
 
 def keep_wandb_offline_unless_asked(config: DictConfig) -> None:
-    """wandb uploads as soon as it finds an API key; the workers get WANDB_MODE=offline unless the user set it."""
+    """wandb uploads as soon as it finds an API key; the workers get WANDB_MODE=offline unless the user set it.
+
+    Only the Ray runtime env changes (verl's tracking runs in the TaskRunner worker), never this
+    process's environment.
+    """
     from stapo.secrets import wandb_env_defaults
 
     env_vars = OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env.env_vars") or {}
     for key, value in wandb_env_defaults(config.trainer.logger, env_vars).items():
-        os.environ.setdefault(key, value)  # the driver too: verl's tracking may start here
         OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value, force_add=True)
 
 

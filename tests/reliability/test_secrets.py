@@ -107,9 +107,8 @@ def test_wandb_is_offline_unless_the_user_chose_a_mode(secret_env):
     """The paper presets log to wandb; with an API key in the environment wandb would go online."""
     qwen = resolved("model_preset=qwen3_8b")
     assert "wandb" in qwen.trainer.logger
-    assert wandb_env_defaults(qwen.trainer.logger, qwen.ray_kwargs.ray_init.runtime_env.get("env_vars")) == {
-        "WANDB_MODE": "offline"
-    }
+    env_vars = qwen.ray_kwargs.ray_init.runtime_env.get("env_vars")
+    assert wandb_env_defaults(qwen.trainer.logger, env_vars, environ={}) == {"WANDB_MODE": "offline"}
     assert wandb_env_defaults(qwen.trainer.logger, {}, environ={"WANDB_MODE": "online"}) == {}
     assert wandb_env_defaults(qwen.trainer.logger, {"WANDB_MODE": "online"}) == {}
     tiny = resolved("model_preset=tiny")
