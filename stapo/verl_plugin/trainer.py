@@ -46,7 +46,19 @@ def fold_masks(
 
 @register_trainer(TRAINER_NAME)
 class STAPOTrainer(PPOTrainerSync):
-    """``trainer.v1.trainer_mode=stapo``."""
+    """``trainer.v1.trainer_mode=stapo``, behaving as verl's ``sync`` trainer in every branch."""
+
+    # verl 0.9.1's trainer_base branches on the literal mode name "sync" (replay buffer class,
+    # gen_batch_size, TransferQueue snapshots in checkpoints and on resume, prompt data stored in
+    # TransferQueue). Registered under another name, this trainer would take the async branches, so
+    # the mode verl reads is pinned to "sync" and the name only selects the class.
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, _registered_name: str) -> None:
+        pass  # verl assigns config.trainer.v1.trainer_mode ("stapo") here; see the getter
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
