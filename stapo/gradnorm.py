@@ -1,4 +1,4 @@
-"""Why spurious tokens dominate updates: the logit-gradient norm of one token (spec section 4).
+"""Why spurious tokens dominate updates: the logit-gradient norm of one token (docs/algorithm.md section 5).
 
 For a per-token objective ``w * log pi(y)``, the gradient w.r.t. the logits ``a`` is
 ``w * (e_y - pi)``, so
@@ -33,6 +33,12 @@ def logit_grad_norm_sq(logits: torch.Tensor, token_ids: torch.Tensor, weight: to
     return weight.to(torch.float64) ** 2 * (1.0 - 2.0 * p + collision_probability(logits))
 
 
+def grad_norm_sq_lower_bound(p: torch.Tensor, entropy: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``w^2 (1 - 2p + e^-H)``: the lower bound, which needs no vocabulary size (the S2T diagnostics use it)."""
+    p, entropy, w2 = p.to(torch.float64), entropy.to(torch.float64), weight.to(torch.float64) ** 2
+    return w2 * (1.0 - 2.0 * p + torch.exp(-entropy))
+
+
 def grad_norm_bounds(
     p: torch.Tensor, entropy: torch.Tensor, weight: torch.Tensor, vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,14 +47,24 @@ def grad_norm_bounds(
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
     p, entropy, w2 = p.to(torch.float64), entropy.to(torch.float64), weight.to(torch.float64) ** 2
     c_v = (vocab_size - 1) / (vocab_size * math.log(vocab_size) ** 2)
-    lower = w2 * (1.0 - 2.0 * p + torch.exp(-entropy))
     upper = w2 * (2.0 - 2.0 * p - c_v * entropy**2)
-    return lower, upper
+    return grad_norm_sq_lower_bound(p, entropy, weight), upper
 
 
 def effective_pg_weight(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_ratio_low: float, clip_ratio_high: float
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None = None,
 ) -> torch.Tensor:
-    """``rho * A`` where the clipped-surrogate gradient flows, 0 where the clip is active."""
+    """``rho * A`` where the clipped-surrogate gradient flows, 0 where a clip is active.
+
+    The PPO clip stops the gradient for A > 0 above ``1 + eps_high`` and for A < 0 below
+    ``1 - eps_low``; verl's dual clip (``clip_ratio_c``) caps the loss of A < 0 at ``-A c``, so above
+    ``rho = c`` the loss is that constant and the gradient is 0 as well.
+    """
     clipped = ((advantages > 0) & (ratio > 1.0 + clip_ratio_high)) | ((advantages < 0) & (ratio < 1.0 - clip_ratio_low))
+    if clip_ratio_c is not None:
+        clipped = clipped | ((advantages < 0) & (ratio > clip_ratio_c))
     return torch.where(clipped, torch.zeros_like(ratio), ratio * advantages)

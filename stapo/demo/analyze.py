@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from stapo.s2t import detect_spurious, s2t_diagnostics
+from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
 from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
 
 ANSWER_SUFFIX = "Put the final answer in \\boxed{}."
@@ -121,15 +121,16 @@ def analyze(
     advantages = group_advantages(rewards, group_size)
     token_advantages = advantages.unsqueeze(-1).expand_as(log_prob)
 
-    detection = detect_spurious(log_prob, entropy, token_advantages, response_mask, tau_p, entropy_quantile)
-    metrics = s2t_diagnostics(detection, log_prob, entropy, token_advantages, response_mask, tau_p)
+    settings = MaskSettings(token_mask="stapo", tau_p=tau_p, entropy_quantile=entropy_quantile)
+    built = build_token_mask(MaskInputs(response_mask, token_advantages, log_prob, entropy), settings)
+    metrics = finalize_metrics(get_token_mask("stapo"), built.counts, built.stats)
     metrics.update(
         accuracy=float((rewards > 0).float().mean()),
         mixed_groups=int(((rewards.view(-1, group_size) > 0).float().std(dim=1) > 0).sum()),
         response_tokens=int(response_mask.sum()),
         seconds=round(time.time() - started, 1),
     )
-    records = spurious_records(responses, detection.spurious, log_prob, entropy, lambda ids: tokenizer.decode(ids))
+    records = spurious_records(responses, built.drop_response, log_prob, entropy, lambda ids: tokenizer.decode(ids))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "s2t_analysis.json").write_text(json.dumps(metrics, indent=2))
     append_jsonl(out_dir / "spurious_tokens.jsonl", records)

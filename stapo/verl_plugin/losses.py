@@ -1,49 +1,61 @@
-"""STAPO's entries in verl's policy-loss registry and the actor-side loss wrapper.
+"""The project's one policy loss in verl's registry, and the actor-side wrapper around verl's ``ppo_loss``.
 
-verl calls a registered loss with (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode,
-config, rollout_is_weights) only: no entropy, no DP group, no batch fields. ``STAPOLossFn`` wraps
-verl's own ``ppo_loss`` (installed in the actor workers with ``set_loss_fn`` by the STAPO trainer)
-and hands those three things to the registered loss through a context variable, so verl's KL,
-entropy-bonus and metric code keeps running unchanged.
+``masked_clip`` is the objective of every masking algorithm (grpo, justrl, stapo, entropy20, dapo,
+drgrpo): verl's vanilla clipped objective (clip-higher, dual clip, rollout IS weights, any
+``loss_agg_mode``) over the tokens the token mask keeps, made robust (docs/algorithm.md section 6):
+values outside the mask never reach the loss or its gradient, an empty micro-batch is an exact 0,
+a non-finite loss is refused by giving it a NaN gradient so that verl skips the update on every
+rank (never a raise that leaves FSDP peers waiting in a collective). Why not verl's own
+``vanilla`` over the folded mask: it has none of that robustness (a NaN at a silenced position
+poisons the gradient through 0 * NaN), and the comparison needs one code path for all.
 
-- ``source: old``: the trainer already folded the S2T mask into ``response_mask`` and ``loss_mask``;
-  the loss is the plain clipped objective and verl's token count is the valid-token count.
-- ``source: current``: the loss detects on the current forward's log-probs and entropy, with the
-  entropy threshold taken over the micro-batch's candidates of every DP rank, and rescales the
-  micro-batch by its DP-global valid fraction (error of the overall normalisation bounded by the
-  masked fraction, about 1e-4).
+The mask reaches the loss in one of two ways, both known from the config alone:
+- ``source: old``: the STAPO trainer folded it into ``response_mask`` (the sum) and ``loss_mask``
+  (verl's token count, DP all-reduced before the micro-batches run); the loss sees the folded mask.
+- ``source: current``: the loss builds it from the update forward (``STAPOLossFn`` hands over the
+  current entropy and the DP group, which verl does not pass) and rescales the micro-batch to its
+  DP-global kept-token count.
 """
 
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
-from verl.utils import tensordict_utils as tu
+from verl.utils.metric import AggregationType, Metric
 from verl.utils.torch_functional import masked_mean
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from stapo.loss import clipped_pg_losses, nonfinite_report, outside_mask_zeroed
+from stapo.loss import masked_pg_losses, nan_gradient_loss, nonfinite_report
+from stapo.masks import MaskInputs, MaskSettings, build_token_mask
 from stapo.quantile import all_reduce_sum
-from stapo.s2t import detect_spurious, s2t_diagnostics
 
+logger = logging.getLogger(__name__)
+
+LOSS_NAME = "masked_clip"
 METRIC_PREFIX = "actor/stapo/"
-# non-tensor key the STAPO trainer sets on the update batch once it has folded the mask
-MASK_FOLDED_KEY = "stapo_mask_folded"
+# per micro-batch: verl's DP-global token count of the mini-batch (the loss's denominator), MAX-aggregated
+LOSS_TOKENS_METRIC = METRIC_PREFIX + "loss_tokens"
+REFUSED_METRIC = METRIC_PREFIX + "refused_micro_batches"
+# in-loss (source: current) mask statistics travel as SUM metrics under this prefix; the trainer turns
+# them into step totals, ratios of sums and means of the defined thresholds
+IN_LOSS_PREFIX = METRIC_PREFIX + "_sum/"
+DEFINED_SUFFIX = "#defined"
 
 
-@dataclass(frozen=True)
+@dataclass
 class UpdateContext:
-    """What the registered loss needs beyond verl's arguments, for the micro-batch in flight."""
+    """What the loss needs beyond verl's arguments, for the micro-batch in flight, and what it reports back."""
 
     entropy: torch.Tensor | None
     dp_group: dist.ProcessGroup | None
-    mask_folded: bool
+    report: dict[str, float] = field(default_factory=dict)
 
 
 _UPDATE_CONTEXT: contextvars.ContextVar[UpdateContext | None] = contextvars.ContextVar(
@@ -51,40 +63,56 @@ _UPDATE_CONTEXT: contextvars.ContextVar[UpdateContext | None] = contextvars.Cont
 )
 
 
+def mask_settings(actor_config) -> MaskSettings:
+    return MaskSettings.from_mapping(actor_config.policy_loss)
+
+
 class STAPOLossFn:
-    """Drop-in for ``partial(ppo_loss, config=actor_config)`` that exposes the update context."""
+    """Drop-in for ``partial(ppo_loss, config=actor_config)``, installed by the STAPO trainer.
+
+    Around verl's own ``ppo_loss`` (its KL, entropy-bonus and metric code runs unchanged) it:
+    hands the current entropy and DP group to an in-loss mask; gives verl's entropy term a detached
+    entropy when ``entropy_coeff == 0`` (otherwise a vocabulary-sized softmax stays alive in the
+    graph for a term multiplied by 0); reports verl's token count (``actor/stapo/loss_tokens``) so
+    the trainer can prove the folded mask reached it; refuses a non-finite total loss on all ranks.
+    """
 
     def __init__(self, actor_config):
         self.config = actor_config
+        self.settings = mask_settings(actor_config)
 
     def __call__(self, model_output, data, dp_group=None):
         raw_entropy = model_output.get("entropy", None)
-        entropy = None if raw_entropy is None else no_padding_2_padding(raw_entropy, data)
-        context = UpdateContext(
-            entropy=entropy,
-            dp_group=dp_group,
-            mask_folded=bool(tu.get_non_tensor_data(data=data, key=MASK_FOLDED_KEY, default=False)),
-        )
-        if raw_entropy is not None and isinstance(model_output, dict):
-            # the detection sees the raw entropy (non-finite values are excluded there and counted);
-            # verl's entropy term gets it with those zeroed, else one NaN token (a metric when
-            # entropy_coeff=0) would turn the whole micro-batch's loss into NaN
-            model_output = {**model_output, "entropy": _finite_or_zero(raw_entropy)}
+        entropy = None
+        if raw_entropy is not None:
+            entropy = no_padding_2_padding(raw_entropy, data).detach() if self.settings.in_loss else None
+            # replaced in the engine's own dict, so the attached original (and its graph) is released now
+            verl_entropy = raw_entropy.detach() if self.config.entropy_coeff == 0 else raw_entropy
+            model_output["entropy"] = _finite_or_zero(verl_entropy)
+        context = UpdateContext(entropy=entropy, dp_group=dp_group)
         token = _UPDATE_CONTEXT.set(context)
         try:
             loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
         finally:
             _UPDATE_CONTEXT.reset(token)
-        if not torch.isfinite(loss):  # e.g. a NaN reference log-prob in verl's KL term
-            raise FloatingPointError(
-                f"actor loss is {float(loss.detach())} on this micro-batch although the policy-gradient term is "
-                f"finite: verl's KL / entropy terms are not (metrics: {_finite_floats(metrics)}); the update is refused"
-            )
+        metrics[LOSS_TOKENS_METRIC] = Metric(AggregationType.MAX, float(data["batch_num_tokens"]))
+        refused = not bool(torch.isfinite(loss))
+        metrics[REFUSED_METRIC] = Metric(AggregationType.SUM, float(refused))
+        if refused:
+            logger.warning("actor loss is %s on this micro-batch; the update is skipped on every rank", float(loss))
+            log_prob = no_padding_2_padding(model_output["log_probs"], data)
+            loss = nan_gradient_loss(log_prob, data.select("response_mask").to_padded_tensor()["response_mask"])
+        for key, value in context.report.items():
+            metrics[IN_LOSS_PREFIX + key] = Metric(AggregationType.SUM, value)
         return loss, metrics
 
 
 def _finite_or_zero(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` (dense or jagged nested) with non-finite values set to 0; the same object when all are finite."""
+    """``tensor`` (dense or jagged nested) with non-finite values set to 0; the same object when all are finite.
+
+    verl's entropy term multiplies by the coefficient after aggregation, so one NaN entropy (only a
+    metric when entropy_coeff=0) would otherwise turn the whole micro-batch's loss into NaN.
+    """
     if tensor.is_nested and tensor.layout != torch.jagged:
         return tensor  # verl hands jagged tensors over; anything else is left as verl made it
     values = tensor.values() if tensor.is_nested else tensor
@@ -95,125 +123,41 @@ def _finite_or_zero(tensor: torch.Tensor) -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(clean, tensor.offsets()) if tensor.is_nested else clean
 
 
-def _finite_floats(metrics) -> dict:
-    out = {}
-    for key, value in metrics.items():
-        value = getattr(value, "values", value)  # verl's Metric keeps a list
-        value = value[0] if isinstance(value, list) and len(value) == 1 else value
-        if isinstance(value, torch.Tensor) and value.numel() == 1:
-            value = float(value.detach())
-        if isinstance(value, float):
-            out[key] = value
-    return out
-
-
-def _require_context(loss_mode: str) -> UpdateContext:
+def _in_loss_mask(settings: MaskSettings, log_prob, advantages, response_mask) -> tuple[torch.Tensor, float]:
+    """``source: current``: the kept tokens of this micro-batch and the factor to its kept-token mean."""
     context = _UPDATE_CONTEXT.get()
     if context is None:
         raise RuntimeError(
-            f"policy_loss.loss_mode={loss_mode} needs the STAPO trainer (trainer.v1.trainer_mode=stapo, set by "
-            "conf/algo/*.yaml), which builds the token mask and installs the STAPO loss wrapper in the actor "
-            "workers; with verl's stock trainer the mask would silently not be applied"
-        )
-    return context
-
-
-def _clipped_loss(old_log_prob, log_prob, advantages, mask, loss_agg_mode, config, rollout_is_weights):
-    """verl's vanilla objective (clip-higher, dual clip) over ``mask``, with its three metrics.
-
-    Values outside ``mask`` are zeroed before use (a NaN at a padded or silenced position would
-    otherwise reach the gradient through 0 * NaN); a micro-batch without any loss token contributes
-    an exact zero (verl's token-mean would divide 0 by a global count of 0 when a whole mini-batch
-    is empty); a non-finite loss on real tokens fails the step with the counts.
-    """
-    mask = mask.bool()
-    inputs = (old_log_prob, log_prob, advantages, rollout_is_weights)
-    old_in, log_in, adv_in, weights_in = outside_mask_zeroed(mask, *inputs)
-    pg_losses, flags = clipped_pg_losses(
-        old_in,
-        log_in,
-        adv_in,
-        clip_ratio_low=config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio,
-        clip_ratio_high=config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio,
-        clip_ratio_c=config.get("clip_ratio_c", 3.0),
-    )
-    if weights_in is not None:
-        pg_losses = pg_losses * weights_in
-    if not mask.any():
-        loss = pg_losses.sum() * 0.0  # nothing to learn from here; keeps the graph, exact zero gradient
-    else:
-        loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(
-            nonfinite_report(
-                loss, mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
-                rollout_is_weights=rollout_is_weights,
-            )
-        )
-    metrics = {
-        "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
-        "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
-        "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
-    }
-    return loss, metrics
-
-
-@register_policy_loss("stapo")
-def compute_policy_loss_stapo(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The STAPO policy loss (spec section 3) for verl's actor."""
-    assert config is not None, "verl passes the actor config to registered policy losses"
-    policy_loss = config.policy_loss
-    context = _require_context("stapo")
-    if policy_loss.get("source", "old") == "old":
-        if not context.mask_folded:
-            raise RuntimeError(
-                "policy_loss.source=old but the update batch carries no folded S2T mask: run with "
-                "trainer.v1.trainer_mode=stapo (the STAPO trainer builds the mask after advantages)"
-            )
-        return _clipped_loss(
-            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
+            f"policy_loss.token_mask={settings.token_mask} with source=current needs the STAPO trainer "
+            "(trainer.v1.trainer_mode=stapo, set by conf/algo/*.yaml), which installs the loss wrapper that "
+            "hands the update's entropy to the loss"
         )
     if context.entropy is None:
         raise RuntimeError(
             "policy_loss.source=current needs the update forward's entropy: set "
             "actor_rollout_ref.actor.calculate_entropy=true"
         )
-    tau_p = policy_loss.get("tau_p", 0.002)
-    detection = detect_spurious(
-        log_prob.detach(),
-        context.entropy.detach(),
-        advantages,
-        response_mask,
-        tau_p=tau_p,
-        entropy_quantile=policy_loss.get("entropy_quantile", 0.75),
-        group=context.dp_group,
+    built = build_token_mask(
+        MaskInputs(response_mask, advantages, log_prob.detach(), context.entropy, context.dp_group), settings
     )
-    valid = response_mask.bool() & ~detection.spurious
-    counts = all_reduce_sum(
-        torch.tensor([response_mask.sum(), valid.sum()], dtype=torch.float64, device=log_prob.device),
-        context.dp_group,
-    )
-    loss, metrics = _clipped_loss(old_log_prob, log_prob, advantages, valid, loss_agg_mode, config, rollout_is_weights)
-    # verl divides by the mini-batch's response-token count; scale this micro-batch to valid tokens
-    if counts[1] > 0:
-        loss = loss * (counts[0] / counts[1]).to(loss.dtype)
-    diagnostics = s2t_diagnostics(
-        detection, log_prob.detach(), context.entropy.detach(), advantages, response_mask, tau_p
-    )
-    metrics.update({METRIC_PREFIX + key: value for key, value in diagnostics.items()})
-    return loss, metrics
+    # one collective for every count: DP-global totals of this micro-batch
+    names = sorted(built.counts)
+    local = torch.tensor([built.counts[name] for name in names], dtype=torch.float64, device=log_prob.device)
+    totals = dict(zip(names, all_reduce_sum(local, context.dp_group).tolist()))
+    context.report.update(totals)
+    for name, value in built.stats.items():  # thresholds are DP-global already; a mean over micro-batches
+        defined = value == value
+        context.report[name] = value if defined else 0.0
+        context.report[name + DEFINED_SUFFIX] = float(defined)
+    keep = response_mask & ~built.drop_response
+    # verl divides by the mini-batch's response-token count; scale this micro-batch to its kept count
+    kept = totals["num_loss_tokens_expected"]
+    scale = totals["num_response_tokens"] / kept if kept > 0 else 1.0
+    return keep, scale
 
 
-@register_policy_loss("entropy20")
-def compute_policy_loss_entropy20(
+@register_policy_loss(LOSS_NAME)
+def compute_policy_loss_masked_clip(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
@@ -222,11 +166,33 @@ def compute_policy_loss_entropy20(
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The 20-Entropy baseline: the clipped objective over the kept tokens the trainer folded in."""
+    """The clipped objective over the kept tokens (docs/algorithm.md section 3), verl's three metrics."""
     assert config is not None, "verl passes the actor config to registered policy losses"
-    if not _require_context("entropy20").mask_folded:
-        raise RuntimeError(
-            "loss_mode=entropy20 but the update batch carries no folded entropy mask: run with "
-            "trainer.v1.trainer_mode=stapo"
+    settings = mask_settings(config)
+    mask, scale = response_mask.bool(), 1.0
+    if settings.in_loss:
+        mask, scale = _in_loss_mask(settings, log_prob, advantages, mask)
+    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    pg_losses, flags = masked_pg_losses(
+        old_log_prob, log_prob, advantages, mask, clip_low, clip_high, config.get("clip_ratio_c", 3.0), rollout_is_weights
+    )
+    if not mask.any():
+        loss = pg_losses.sum() * 0.0  # nothing to learn here: keeps the graph, exact zero gradient
+    else:
+        loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
+        loss = loss * scale
+    if not torch.isfinite(loss):
+        logger.warning(
+            nonfinite_report(
+                loss, mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
+                rollout_is_weights=rollout_is_weights,
+            )
         )
-    return _clipped_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+        loss = nan_gradient_loss(log_prob, mask)
+    metrics = {
+        "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
+        "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
+        "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
+    }
+    return loss, metrics

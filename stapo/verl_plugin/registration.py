@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-REQUIRED_LOSSES = ("stapo", "entropy20")
+REQUIRED_LOSSES = ("masked_clip",)
 
 
 def register_all() -> None:
@@ -11,7 +11,7 @@ def register_all() -> None:
     from stapo.verl_plugin.cpu import activate_if_requested
 
     activate_if_requested()
-    import stapo.verl_plugin.losses  # noqa: F401  (registers "stapo", "entropy20")
+    import stapo.verl_plugin.losses  # noqa: F401  (registers "masked_clip")
     import stapo.verl_plugin.trainer  # noqa: F401  (registers trainer "stapo")
 
 

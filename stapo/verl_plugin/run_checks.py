@@ -3,57 +3,123 @@
 A bad setting found here costs a second; found inside a worker it costs a cluster start-up and
 possibly hours of GPU time. Every message names the key and the allowed values. verl's own
 ``validate_config`` runs after these (it covers what it covers, with its own wording); the checks
-here are the ones verl leaves to the workers: the policy-loss fields, the registries, the clip
-constants, the mini/micro-batch divisibility, the device against the rollout engine, credentials.
+here are the ones verl leaves to the workers: the token-mask settings (looked up in the mask
+registry), the registries, the clip constants, the mini/micro-batch divisibility, the device
+against the rollout engine, credentials.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from omegaconf import OmegaConf
 
+from stapo.masks import MaskSettings, get_token_mask
 from stapo.secrets import find_secrets
-from stapo.validation import STAPOConfigError, check_batch_sizes, check_clip_ratios, check_positive_int, validate_actor
+from stapo.validation import STAPOConfigError, check_choice, check_positive_int, is_finite_number
+from stapo.verl_plugin.batch_checks import check_run_batches
 
 # No verl import at module level: importing verl loads this package's plugin, whose trainer imports
 # this module; a module-level verl import here would make that a circular import when this module
 # is the first one imported (the trainer would then silently not register).
 
 PL = "actor_rollout_ref.actor.policy_loss"
+ACTOR = "actor_rollout_ref.actor."
 GPU_ONLY_ROLLOUTS = ("vllm", "sglang", "trtllm")
-FSDP_STRATEGIES = ("fsdp", "fsdp2")
+TOKEN_MEAN = "token-mean"
+LOSS_NAME = "masked_clip"  # stapo.verl_plugin.losses.LOSS_NAME, without importing verl here
+RENAMED_LOSS_MODES = ("stapo", "entropy20")  # loss modes of earlier versions, now token masks
 
 
 def validate_run_config(config) -> None:
     """Checks of a whole run config that must fail before any worker starts."""
-    from stapo.verl_plugin.config import TARGET
-
     actor = config.actor_rollout_ref.actor
     _check_registered(config)
     _check_policy_loss_keys(actor.policy_loss)
-    validate_actor(actor)
+    _check_token_mask(config)
     check_clip_ratios(actor)
-    loss_mode = actor.policy_loss.get("loss_mode", "vanilla")
-    target = actor.policy_loss.get("_target_", None)
-    if loss_mode in ("stapo", "entropy20") and target != TARGET:
-        raise STAPOConfigError(
-            f"{PL}.loss_mode={loss_mode} needs {PL}._target_={TARGET} (got {target}): it types tau_p, "
-            "entropy_quantile, source, ... and makes every worker import the plugin; algo=stapo sets it"
-        )
-    needs_old_pass = loss_mode == "entropy20" or (
-        loss_mode == "stapo" and actor.policy_loss.get("source", "old") == "old"
-    )
-    rollout_correction = config.algorithm.get("rollout_correction", None) or {}
-    if needs_old_pass and rollout_correction.get("bypass_mode", False):
-        raise STAPOConfigError(
-            "algorithm.rollout_correction.bypass_mode=true skips the old-policy pass whose entropy "
-            f"policy_loss.loss_mode={loss_mode} (source=old) needs; turn bypass_mode off or use source=current"
-        )
-    _check_batches(config)
+    check_run_batches(config)
     _check_device(config)
     _check_recipe_keys(config)
     _check_no_secrets(config)
+
+
+def _check_token_mask(config) -> None:
+    """The mask's settings, what its registry entry needs, and the trainer that folds it."""
+    from stapo.verl_plugin.config import TARGET
+
+    actor = config.actor_rollout_ref.actor
+    policy_loss = actor.policy_loss
+    loss_mode = policy_loss.get("loss_mode", "vanilla")
+    target = policy_loss.get("_target_", None)
+    if target != TARGET:
+        if loss_mode == LOSS_NAME:
+            raise STAPOConfigError(
+                f"{PL}.loss_mode={LOSS_NAME} needs {PL}._target_={TARGET} (got {target}): it types token_mask, "
+                "tau_p, ... and makes every worker import the plugin; the conf/algo presets set it"
+            )
+        return  # a plain verl run: none of this project's keys can be set
+    settings = MaskSettings.from_mapping(policy_loss)
+    settings.validate(prefix=f"{PL}.")
+    spec = get_token_mask(settings.token_mask)
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=None)
+    if settings.token_mask != "none" and mode != "stapo":
+        raise STAPOConfigError(
+            f"{PL}.token_mask={settings.token_mask} needs trainer.v1.trainer_mode=stapo (got {mode!r}): the STAPO "
+            "trainer builds and folds the mask; with another trainer it would silently not be applied"
+        )
+    if settings.in_loss:
+        if loss_mode != LOSS_NAME:
+            raise STAPOConfigError(
+                f"{PL}.source=current builds the mask inside the loss, which only {PL}.loss_mode={LOSS_NAME} does "
+                f"(got {loss_mode!r}); use source=old to fold the mask for any verl loss"
+            )
+        entropy_on = bool(actor.get("calculate_entropy", False)) or float(actor.get("entropy_coeff", 0.0)) != 0.0
+        if spec.needs_entropy and not entropy_on:
+            raise STAPOConfigError(
+                f"{PL}.source=current builds the {settings.token_mask} mask from the update forward's entropy; set "
+                f"{ACTOR}calculate_entropy=true (or use source=old, the default, which reuses the old-policy pass)"
+            )
+        agg = actor.get("loss_agg_mode", TOKEN_MEAN)
+        if agg != TOKEN_MEAN:
+            raise STAPOConfigError(
+                f"{ACTOR}loss_agg_mode={agg!r} is not supported with {PL}.source=current: the renormalisation over "
+                "kept tokens is defined for token-mean only; use token-mean, or source=old, which works with every "
+                "aggregation mode"
+            )
+    rollout_correction = config.algorithm.get("rollout_correction", None) or {}
+    reads_old_pass = settings.folded and (spec.needs_entropy or spec.needs_log_prob)
+    if reads_old_pass and rollout_correction.get("bypass_mode", False):
+        raise STAPOConfigError(
+            "algorithm.rollout_correction.bypass_mode=true skips the old-policy pass whose log-probs and entropy "
+            f"{PL}.token_mask={settings.token_mask} (source=old) needs; turn bypass_mode off or use source=current"
+        )
+
+
+# --- clip ratios (docs/algorithm.md section 3) --------------------------------------------------
+# The dual-clip constant is otherwise asserted inside the loss, after a cluster start-up and a rollout.
+
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def check_clip_ratios(actor: Mapping[str, Any], prefix: str = "actor_rollout_ref.actor.") -> None:
+    """``clip_ratio``/``clip_ratio_low`` in [0, 1) (1 - eps must stay a positive ratio), ``clip_ratio_high``
+    >= 0, ``clip_ratio_c`` > 1 (verl's dual clip), all finite; ``None`` low/high fall back to clip_ratio."""
+    for name in ("clip_ratio", "clip_ratio_low"):
+        value = actor.get(name, None)
+        if value is not None and (not is_finite_number(value) or not 0.0 <= value < 1.0):
+            raise STAPOConfigError(f"{prefix}{name} must be in [0, 1) (paper: 0.2), got {value!r}")
+    value = actor.get("clip_ratio_high", None)
+    if value is not None and (not is_finite_number(value) or value < 0.0):
+        raise STAPOConfigError(f"{prefix}clip_ratio_high must be a finite number >= 0 (paper: 0.28), got {value!r}")
+    value = actor.get("clip_ratio_c", 3.0)
+    if not is_finite_number(value) or value <= 1.0:
+        raise STAPOConfigError(
+            f"{prefix}clip_ratio_c must be a finite number > 1 (dual clip, paper: 10), got {value!r}"
+        )
+    check_choice("loss_agg_mode", actor.get("loss_agg_mode", TOKEN_MEAN), LOSS_AGG_MODES, prefix)
 
 
 def _check_registered(config) -> None:
@@ -63,7 +129,12 @@ def _check_registered(config) -> None:
 
     loss_mode = config.actor_rollout_ref.actor.policy_loss.get("loss_mode", "vanilla")
     if loss_mode not in POLICY_LOSS_REGISTRY:
-        raise STAPOConfigError(f"{PL}.loss_mode must be one of {sorted(POLICY_LOSS_REGISTRY)}, got {loss_mode!r}")
+        hint = ""
+        if loss_mode in RENAMED_LOSS_MODES:
+            hint = f" ({PL}.loss_mode={loss_mode} became loss_mode={LOSS_NAME} with token_mask={loss_mode})"
+        raise STAPOConfigError(
+            f"{PL}.loss_mode must be one of {sorted(POLICY_LOSS_REGISTRY)}, got {loss_mode!r}{hint}"
+        )
     v1 = config.trainer.get("v1", None) or {}
     mode = v1.get("trainer_mode", None)
     if mode is not None and mode not in TRAINER_REGISTRY:
@@ -86,45 +157,6 @@ def _check_policy_loss_keys(policy_loss) -> None:
         raise STAPOConfigError(
             f"{PL} has unknown key(s) {[f'{PL}.{key}' for key in unknown]}; the keys of {target} are {sorted(fields)}"
         )
-
-
-def _check_batches(config) -> None:
-    data, trainer = config.data, config.trainer
-    actor, rollout, ref = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref
-    world = check_positive_int("trainer.nnodes", trainer.nnodes) * check_positive_int(
-        "trainer.n_gpus_per_node", trainer.n_gpus_per_node
-    )
-    train = check_positive_int("data.train_batch_size", data.train_batch_size)
-    n = check_positive_int("actor_rollout_ref.rollout.n", rollout.n)
-    mini = check_positive_int("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)
-    dynamic = bool(actor.get("use_dynamic_bsz", False))
-    log_prob_dynamic = bool(rollout.get("log_prob_use_dynamic_bsz", False))
-    if dynamic != log_prob_dynamic:  # asserted by verl's actor worker at start-up, without the key names
-        raise STAPOConfigError(
-            f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz ({log_prob_dynamic}) must equal "
-            f"actor_rollout_ref.actor.use_dynamic_bsz ({dynamic}): the actor computes the old log-probs with its "
-            "own batching"
-        )
-    if actor.get("strategy", None) not in FSDP_STRATEGIES:
-        return  # megatron's DP size depends on TP x PP x CP; verl checks that layout itself
-    micros = {}
-    if not dynamic:
-        micros["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = actor.get("ppo_micro_batch_size_per_gpu")
-    if not log_prob_dynamic:
-        micros["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = rollout.get(
-            "log_prob_micro_batch_size_per_gpu"
-        )
-    from verl.trainer.ppo.utils import need_reference_policy
-
-    if need_reference_policy(config) and not ref.get("log_prob_use_dynamic_bsz", False):
-        micros["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = ref.get("log_prob_micro_batch_size_per_gpu")
-    for key, value in micros.items():
-        if value is not None:
-            check_positive_int(key, value)
-    update_micro = micros.pop("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", None)
-    check_batch_sizes(
-        train, n, mini, world, actor.get("ulysses_sequence_parallel_size", 1) or 1, update_micro, micros
-    )
 
 
 def _check_device(config) -> None:

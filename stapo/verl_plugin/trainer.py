@@ -1,18 +1,21 @@
-"""The STAPO trainer: verl's synchronous v1 trainer plus one step, mask folding after advantages.
+"""The STAPO trainer: verl's synchronous v1 trainer plus one step, token-mask folding after advantages.
 
 Data flow (one-way): rollout -> reward -> advantages (verl) -> old-policy log-probs and entropy
-(verl, already computed) -> token mask over the whole batch (``stapo.s2t`` / ``stapo.loss``) ->
-folded into ``response_mask`` and ``loss_mask`` -> verl's actor update. Folding into ``loss_mask``
-is what makes the renormalisation exact: verl's FSDP engine counts the mini-batch's tokens from
-``loss_mask`` (DP all-reduced) before any micro-batch runs.
+(verl, already computed) -> the token mask named by ``policy_loss.token_mask`` over the whole batch
+(``stapo.masks``) -> folded into ``response_mask`` (the policy-gradient sum) and ``loss_mask`` (the
+token count) -> verl's actor update with the registered loss. Folding into ``loss_mask`` is what
+makes the renormalisation exact: verl's FSDP engine counts the mini-batch's tokens from
+``loss_mask`` (DP all-reduced) before any micro-batch runs (docs/algorithm.md section 3). After the
+update the trainer checks that verl's count equals the count the mask left.
 
-Every algorithm of the recipe (stapo, justrl, grpo, entropy20) runs through this trainer, so the
-comparison differs only in the mask.
+Every algorithm of the recipe runs through this trainer and the same loss; they differ only in the
+token mask and their config.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 import transfer_queue as tq
@@ -22,16 +25,21 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
-from stapo.loss import high_entropy_keep_mask
-from stapo.s2t import detect_spurious, s2t_diagnostics
-from stapo.verl_plugin.losses import MASK_FOLDED_KEY, METRIC_PREFIX, STAPOLossFn
+from stapo.masks import MaskInputs, build_token_mask, finalize_metrics, get_token_mask
+from stapo.verl_plugin.losses import (
+    DEFINED_SUFFIX,
+    IN_LOSS_PREFIX,
+    LOSS_TOKENS_METRIC,
+    METRIC_PREFIX,
+    STAPOLossFn,
+    mask_settings,
+)
 from stapo.verl_plugin.run_checks import validate_run_config
 from stapo.verl_plugin.run_log import SpuriousTokenLog, reward_extra_means
 
 logger = logging.getLogger(__name__)
 
 TRAINER_NAME = "stapo"
-_FOLD_FIELDS = ["response_mask", "loss_mask", "entropy", "old_log_probs", "advantages"]
 
 
 def fold_masks(
@@ -42,6 +50,26 @@ def fold_masks(
         response_mask * (~drop_response).to(response_mask.dtype),
         loss_mask * (~drop_loss).to(loss_mask.dtype),
     )
+
+
+def in_loss_step_metrics(reduced: dict[str, float], updates_per_epoch: int) -> tuple[dict, dict]:
+    """``source: current``: the loss's per-micro-batch SUM metrics as step totals and means.
+
+    verl sums them over a mini-batch's micro-batches (each value already a DP-global total) and
+    averages over mini-batches; times the mini-batches of one epoch gives the total of one pass over
+    the batch. A threshold is the mean over the micro-batches where it was defined (NaN if none).
+    """
+    sums = {key[len(IN_LOSS_PREFIX) :]: value for key, value in reduced.items() if key.startswith(IN_LOSS_PREFIX)}
+    counts, stats = {}, {}
+    for name, value in sums.items():
+        if name.endswith(DEFINED_SUFFIX):
+            continue
+        defined = sums.get(name + DEFINED_SUFFIX)
+        if defined is None:
+            counts[name] = value * updates_per_epoch
+        else:
+            stats[name] = value / defined if defined > 0 else math.nan
+    return counts, stats
 
 
 @register_trainer(TRAINER_NAME)
@@ -64,28 +92,28 @@ class STAPOTrainer(PPOTrainerSync):
         super().__init__(*args, **kwargs)
         validate_run_config(self.config)
         # typed, with the dataclass defaults for keys the yaml leaves out
-        self._policy_loss = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor.policy_loss)
-        self._loss_mode = self._policy_loss.loss_mode
-        self._source = getattr(self._policy_loss, "source", "old")
+        self._settings = mask_settings(omega_conf_to_dataclass(self.config.actor_rollout_ref.actor))
+        self._mask = get_token_mask(self._settings.token_mask)
         self._spurious_log = SpuriousTokenLog.from_config(self.config.get("stapo", {}))
+        self._expected_loss_tokens: float | None = None
 
     def _setup(self):
         super()._setup()
-        # verl's own ppo_loss, wrapped so the registered loss sees entropy, DP group and the fold flag
+        # verl's own ppo_loss, wrapped so an in-loss mask sees the entropy and DP group (see losses.py)
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         self.actor_rollout_wg.set_loss_fn(STAPOLossFn(actor_config))
-
-    @property
-    def _folds_mask(self) -> bool:
-        return self._loss_mode == "entropy20" or (self._loss_mode == "stapo" and self._source == "old")
 
     def _compute_advantage(self, batch, metrics: dict):
         batch = super()._compute_advantage(batch, metrics)
         metrics.update(self._reward_extra_metrics(batch))
-        if not self._folds_mask:
+        self._expected_loss_tokens = None
+        if not self._settings.folded:
             return batch
-        log_tokens = self._spurious_log.wants(self.global_steps) and self._loss_mode == "stapo"
-        fields = _FOLD_FIELDS + (["responses"] if log_tokens else [])
+        log_tokens = self._spurious_log.wants(self.global_steps) and self._mask.name == "stapo"
+        fields = ["response_mask", "loss_mask", "advantages"]
+        fields += ["entropy"] if self._mask.needs_entropy else []
+        fields += ["old_log_probs"] if self._mask.needs_log_prob else []
+        fields += ["responses"] if log_tokens else []
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         nested_response_mask = data["response_mask"]
         if not torch.equal(nested_response_mask.offsets(), data["loss_mask"].offsets()):
@@ -95,10 +123,18 @@ class STAPOTrainer(PPOTrainerSync):
             )
         responses = data.pop("responses").to_padded_tensor(padding=self.tokenizer.pad_token_id) if log_tokens else None
         padded = data.to_padded_tensor()
-        drop_response, drop_loss, fold_metrics = self._build_drop_mask(padded)
+        inputs = MaskInputs(
+            response_mask=padded["response_mask"].bool(),
+            advantages=padded["advantages"].float(),
+            log_prob=padded["old_log_probs"].float() if self._mask.needs_log_prob else None,
+            entropy=padded["entropy"].float() if self._mask.needs_entropy else None,
+        )
+        built = build_token_mask(inputs, self._settings)
         if log_tokens:
-            self._spurious_log.write(self.global_steps, responses, drop_response, padded, self.tokenizer)
-        response_mask, loss_mask = fold_masks(padded["response_mask"], padded["loss_mask"], drop_response, drop_loss)
+            self._spurious_log.write(self.global_steps, responses, built.drop_response, padded, self.tokenizer)
+        response_mask, loss_mask = fold_masks(
+            padded["response_mask"], padded["loss_mask"], built.drop_response, built.drop_count
+        )
         fields = TensorDict(
             {
                 "response_mask": response_to_nested(response_mask, nested_response_mask),
@@ -107,29 +143,33 @@ class STAPOTrainer(PPOTrainerSync):
             batch_size=len(batch),
         )
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
-        metrics.update({METRIC_PREFIX + key: value for key, value in fold_metrics.items()})
+        self._expected_loss_tokens = float(loss_mask.sum())
+        step_metrics = finalize_metrics(self._mask, built.counts, built.stats)
+        metrics.update({METRIC_PREFIX + key: value for key, value in step_metrics.items()})
         return batch
 
-    def _build_drop_mask(self, padded) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """(drop from response_mask, drop from loss_mask, metrics) over the whole batch."""
-        policy_loss = self._policy_loss
-        response_mask = padded["response_mask"].bool()
-        entropy = padded["entropy"].float()
-        if self._loss_mode == "stapo":
-            tau_p = policy_loss.tau_p
-            log_prob = padded["old_log_probs"].float()
-            advantages = padded["advantages"].float()
-            detection = detect_spurious(
-                log_prob, entropy, advantages, response_mask, tau_p=tau_p, entropy_quantile=policy_loss.entropy_quantile
-            )
-            diagnostics = s2t_diagnostics(detection, log_prob, entropy, advantages, response_mask, tau_p)
-            return detection.spurious, detection.spurious, diagnostics
-        keep = high_entropy_keep_mask(entropy, response_mask, policy_loss.entropy_top_fraction)
-        drop = response_mask & ~keep
-        # the original 20-Entropy keeps the all-token denominator: leave loss_mask (the count) whole
-        drop_loss = drop if policy_loss.entropy_denominator == "kept" else torch.zeros_like(drop)
-        num_tokens = int(response_mask.sum())
-        return drop, drop_loss, {"keep_ratio": float(keep.sum()) / num_tokens if num_tokens else 0.0}
+    def _update_actor(self, batch, metrics: dict):
+        update_metrics: dict = {}
+        batch = super()._update_actor(batch, update_metrics)
+        actor = self.config.actor_rollout_ref
+        updates_per_epoch = max(1, len(batch) // (actor.actor.ppo_mini_batch_size * actor.rollout.n))
+        loss_tokens = update_metrics.pop(LOSS_TOKENS_METRIC, None)
+        if loss_tokens is not None:
+            loss_tokens = float(loss_tokens) * updates_per_epoch
+            update_metrics[LOSS_TOKENS_METRIC] = loss_tokens
+            expected = self._expected_loss_tokens
+            if expected is not None and loss_tokens != expected:
+                raise RuntimeError(
+                    f"verl's actor divided by {loss_tokens:.0f} tokens but the folded {self._mask.name} mask left "
+                    f"{expected:.0f}: the mask did not reach verl's token count (a verl change in how loss_mask "
+                    "is read?); the renormalisation would be wrong, so the run stops"
+                )
+        if self._settings.in_loss:
+            step = finalize_metrics(self._mask, *in_loss_step_metrics(update_metrics, updates_per_epoch))
+            update_metrics = {k: v for k, v in update_metrics.items() if not k.startswith(IN_LOSS_PREFIX)}
+            update_metrics.update({METRIC_PREFIX + key: value for key, value in step.items()})
+        metrics.update(update_metrics)
+        return batch
 
     def _reward_extra_metrics(self, batch) -> dict[str, float]:
         """``reward/<key>/mean`` of the reward's numeric extra info (e.g. ``acc``) over the batch."""
@@ -144,6 +184,3 @@ class STAPOTrainer(PPOTrainerSync):
         metrics.update(benchmark_val_metrics(metrics))
         return metrics
 
-    def _update_actor(self, batch, metrics: dict):
-        batch.extra_info[MASK_FOLDED_KEY] = self._folds_mask
-        return super()._update_actor(batch, metrics)

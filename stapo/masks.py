@@ -1,0 +1,292 @@
+"""The token-mask registry: which response tokens an algorithm drops from the policy gradient.
+
+Every algorithm of the bench trains with the same objective (``stapo.loss``); they differ only in
+the entry of this registry they name (``policy_loss.token_mask``) and its settings. An entry maps
+the tensors of the whole batch (old-policy pass, or the current micro-batch for ``source:
+current``) to a :class:`TokenMask`:
+
+- ``drop_response``: tokens removed from the policy-gradient sum (the numerator);
+- ``drop_count``: tokens removed from the token count the loss divides by (the denominator). STAPO
+  drops both (renormalisation over the remaining tokens, docs/algorithm.md section 3); the original
+  20-Entropy drops only the former (its denominator counts every response token);
+- ``counts``: additive statistics (token counts) that can be summed over micro-batches and ranks;
+- ``stats``: non-additive statistics (thresholds, percentiles), NaN where undefined.
+
+Ratios (``mask_ratio`` ...) are derived from the counts by :func:`finalize_metrics`, so a ratio over
+several micro-batches is always a ratio of sums. Pure torch, no verl.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+import torch
+import torch.distributed as dist
+
+from stapo.gradnorm import grad_norm_sq_lower_bound
+from stapo.quantile import global_quantile, linear_quantile
+from stapo.s2t import broadcast_advantages, detect_spurious
+from stapo.validation import (
+    STAPOConfigError,
+    check_choice,
+    check_entropy_quantile,
+    check_tau_p,
+    check_top_fraction,
+)
+
+SOURCES = ("old", "current")
+ENTROPY_DENOMINATORS = ("all", "kept")
+ENTROPY_PERCENTILES = (0.5, 0.8, 0.95)
+
+
+@dataclass(frozen=True)
+class MaskSettings:
+    """The settings of every registered mask, with their defaults (the one place they are written).
+
+    Args:
+        token_mask: registry entry (``none``, ``stapo``, ``entropy20``, ...).
+        source: ``old`` (built once per step from the old-policy pass, folded into the loss mask)
+            or ``current`` (built inside the loss from the update forward; only entries that allow it).
+        tau_p: S2T probability threshold, strict ``p < tau_p``, in (0, 1); the paper's value.
+        entropy_quantile: S2T's q, the quantile of the candidates' entropies that gives tau_h, in (0, 1].
+        entropy_top_fraction: share of highest-entropy tokens 20-Entropy keeps, in (0, 1].
+        entropy_denominator: 20-Entropy's denominator, ``all`` response tokens (the original) or ``kept``.
+    """
+
+    token_mask: str = "none"
+    source: str = "old"
+    tau_p: float = 0.002
+    entropy_quantile: float = 0.75
+    entropy_top_fraction: float = 0.2
+    entropy_denominator: str = "all"
+
+    def validate(self, prefix: str = "") -> None:
+        """Range checks naming the key (``prefix`` is the Hydra path of the section)."""
+        spec = get_token_mask(self.token_mask, prefix)
+        check_choice("source", self.source, SOURCES, prefix)
+        if self.source not in spec.sources:
+            raise STAPOConfigError(
+                f"{prefix}source={self.source!r} is not available for {prefix}token_mask={self.token_mask!r}, "
+                f"which can be built from: {list(spec.sources)}"
+            )
+        check_tau_p(self.tau_p, prefix)
+        check_entropy_quantile(self.entropy_quantile, prefix)
+        check_top_fraction(self.entropy_top_fraction, prefix)
+        check_choice("entropy_denominator", self.entropy_denominator, ENTROPY_DENOMINATORS, prefix)
+
+    @classmethod
+    def from_mapping(cls, mapping) -> MaskSettings:
+        """The settings found in a mapping (e.g. a ``policy_loss`` section); absent keys take the defaults."""
+        return cls(**{f.name: mapping.get(f.name, f.default) for f in fields(cls)})
+
+    @property
+    def folded(self) -> bool:
+        """Whether the trainer folds this mask into the loss mask before the update (``source: old``)."""
+        return self.token_mask != "none" and self.source == "old"
+
+    @property
+    def in_loss(self) -> bool:
+        """Whether the loss builds this mask from the update forward (``source: current``)."""
+        return self.token_mask != "none" and self.source == "current"
+
+
+@dataclass(frozen=True)
+class MaskInputs:
+    """Tensors a mask may read, padded ``(batch, response_len)``; ``group`` widens thresholds to all ranks."""
+
+    response_mask: torch.Tensor
+    advantages: torch.Tensor
+    log_prob: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    group: dist.ProcessGroup | None = None
+
+
+@dataclass(frozen=True)
+class TokenMask:
+    drop_response: torch.Tensor  # bool, True = out of the policy-gradient sum
+    drop_count: torch.Tensor  # bool, True = out of the token count the loss divides by
+    counts: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+MaskFn = Callable[[MaskInputs, MaskSettings], TokenMask]
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """A registry entry and what it needs: which inputs, which sources, which ratios it reports."""
+
+    name: str
+    fn: MaskFn
+    needs_log_prob: bool
+    needs_entropy: bool
+    sources: tuple[str, ...]
+    ratios: dict[str, tuple[str, str]]
+
+
+TOKEN_MASK_REGISTRY: dict[str, MaskSpec] = {}
+
+# ratios every entry reports, (numerator count, denominator count)
+COMMON_RATIOS = {
+    "drop_ratio": ("num_dropped", "num_response_tokens"),
+    "zero_advantage_fraction": ("num_zero_advantage", "num_response_tokens"),
+}
+
+
+def register_token_mask(
+    name: str,
+    *,
+    needs_log_prob: bool = False,
+    needs_entropy: bool = False,
+    sources: tuple[str, ...] = ("old",),
+    ratios: dict[str, tuple[str, str]] | None = None,
+) -> Callable[[MaskFn], MaskFn]:
+    """Decorator: register ``fn(inputs, settings) -> TokenMask`` under ``name`` (as verl's loss registry)."""
+
+    def decorator(fn: MaskFn) -> MaskFn:
+        if name in TOKEN_MASK_REGISTRY and TOKEN_MASK_REGISTRY[name].fn is not fn:
+            raise ValueError(f"token mask {name!r} is already registered")
+        TOKEN_MASK_REGISTRY[name] = MaskSpec(
+            name, fn, needs_log_prob, needs_entropy, tuple(sources), {**COMMON_RATIOS, **(ratios or {})}
+        )
+        return fn
+
+    return decorator
+
+
+def get_token_mask(name: str, prefix: str = "") -> MaskSpec:
+    if name not in TOKEN_MASK_REGISTRY:
+        raise STAPOConfigError(f"{prefix}token_mask must be one of {sorted(TOKEN_MASK_REGISTRY)}, got {name!r}")
+    return TOKEN_MASK_REGISTRY[name]
+
+
+def build_token_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
+    """Look the entry up, check it has its inputs, build it, and add the counts every entry reports."""
+    spec = get_token_mask(settings.token_mask)
+    needs = ((spec.needs_log_prob, inputs.log_prob, "log_prob"), (spec.needs_entropy, inputs.entropy, "entropy"))
+    for needed, value, key in needs:
+        if needed and value is None:
+            raise ValueError(f"token_mask={spec.name!r} needs {key}, which the caller did not pass")
+    advantages = broadcast_advantages(inputs.advantages, inputs.response_mask)
+    inputs = MaskInputs(inputs.response_mask.bool(), advantages, inputs.log_prob, inputs.entropy, inputs.group)
+    with torch.no_grad():
+        built = spec.fn(inputs, settings)
+        counts = {**common_counts(inputs, built.drop_response, built.drop_count), **built.counts}
+    return TokenMask(built.drop_response, built.drop_count, counts, dict(built.stats))
+
+
+def finalize_metrics(spec: MaskSpec, counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
+    """Counts, stats and the entry's ratios of counts (0 when the denominator is 0)."""
+    metrics = {**counts, **stats}
+    for name, (numerator, denominator) in spec.ratios.items():
+        total = counts.get(denominator, 0.0)
+        metrics[name] = counts.get(numerator, 0.0) / total if total else 0.0
+    return metrics
+
+
+def common_counts(inputs: MaskInputs, drop_response: torch.Tensor, drop_count: torch.Tensor) -> dict[str, float]:
+    """Token counts every entry reports; degenerate inputs are counted, never silently absorbed.
+
+    A non-finite entropy is never ranked nor masked, a non-finite log-prob is never a candidate, a
+    non-finite advantage fails the loss; zero advantages (a group with one reward) and empty
+    responses (verl's padding samples, instant EOS) are legal but carry no signal.
+    """
+    mask, advantages = inputs.response_mask, inputs.advantages
+    counts = {
+        "num_response_tokens": float(mask.sum()),
+        "num_dropped": float((mask & drop_response).sum()),
+        "num_loss_tokens_expected": float((mask & ~drop_count).sum()),
+        "num_zero_advantage": float((mask & (advantages == 0)).sum()),
+        "nonfinite_advantage": float((mask & ~torch.isfinite(advantages)).sum()),
+        "empty_responses": float((~mask.any(dim=-1)).sum()) if mask.dim() > 1 else float(not mask.any()),
+    }
+    if inputs.entropy is not None:
+        counts["nonfinite_entropy"] = float((mask & ~torch.isfinite(inputs.entropy)).sum())
+    if inputs.log_prob is not None:
+        counts["nonfinite_log_prob"] = float((mask & ~torch.isfinite(inputs.log_prob)).sum())
+    return counts
+
+
+def entropy_percentiles(entropy: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    values = entropy[mask & torch.isfinite(entropy)]
+    return {f"entropy_p{round(p * 100)}": linear_quantile(values, p) for p in ENTROPY_PERCENTILES}
+
+
+@register_token_mask("none", sources=("old", "current"))
+def no_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
+    """GRPO, JustRL and every verl loss run as they are: nothing dropped."""
+    nothing = torch.zeros_like(inputs.response_mask)
+    return TokenMask(nothing, nothing)
+
+
+@register_token_mask(
+    "stapo",
+    needs_log_prob=True,
+    needs_entropy=True,
+    sources=("old", "current"),
+    ratios={
+        "mask_ratio": ("num_spurious", "num_response_tokens"),
+        "positive_low_prob_frac": ("num_positive_low_prob", "num_positive"),
+        "grad_bound_share_spurious": ("grad_bound_spurious", "grad_bound_positive"),
+    },
+)
+def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
+    """S2T (docs/algorithm.md section 2): drop spurious tokens from both the sum and the count."""
+    mask, log_prob, entropy, advantages = inputs.response_mask, inputs.log_prob, inputs.entropy, inputs.advantages
+    detection = detect_spurious(
+        log_prob, entropy, advantages, mask, settings.tau_p, settings.entropy_quantile, inputs.group
+    )
+    spurious = detection.spurious
+    positive = mask & (advantages > 0)
+    prob = torch.exp(log_prob.to(torch.float64))
+    low_prob = prob < settings.tau_p
+    finite = torch.isfinite(entropy)
+    # section 4: the quadrants split positive-advantage tokens at tau_p and tau_h; with no candidate
+    # tau_h is undefined and the split falls back to the median entropy of those tokens
+    split = detection.tau_h
+    if math.isnan(split):
+        split = linear_quantile(entropy[positive & finite], 0.5)
+    low_entropy = entropy.to(torch.float64) < split
+    # the lower bound of each token's squared logit-gradient norm at rho = 1 (docs/algorithm.md 5):
+    # the share of it that the silenced tokens carry is what S2T removes from the update
+    bound = grad_norm_sq_lower_bound(prob, entropy, advantages)
+    bound = torch.where(positive & torch.isfinite(bound), bound, torch.zeros((), dtype=bound.dtype))
+    counts = {
+        "num_spurious": float(spurious.sum()),
+        "num_candidates": float(detection.num_candidates),
+        "num_candidates_local": float(detection.candidates.sum()),
+        "num_positive": float(positive.sum()),
+        "num_positive_low_prob": float((positive & low_prob).sum()),
+        "grad_bound_spurious": float(bound[spurious].sum()),
+        "grad_bound_positive": float(bound.sum()),
+    }
+    for prob_name, prob_sel in (("lowp", low_prob), ("highp", ~low_prob)):
+        for ent_name, ent_sel in (("lowh", low_entropy), ("highh", ~low_entropy)):
+            counts[f"quadrant/{prob_name}_{ent_name}"] = float((positive & prob_sel & ent_sel).sum())
+    stats = {"tau_h": detection.tau_h, "quadrant_entropy_split": split, **entropy_percentiles(entropy, mask)}
+    return TokenMask(spurious, spurious, counts, stats)
+
+
+def high_entropy_keep(
+    entropy: torch.Tensor, response_mask: torch.Tensor, top_fraction: float, group: dist.ProcessGroup | None = None
+) -> tuple[torch.Tensor, float]:
+    """20-Entropy's kept tokens: entropy >= the (1 - top_fraction)-quantile of all response tokens' entropy
+    over the scope (ties at the threshold kept); and that threshold (NaN when there is no token)."""
+    finite = response_mask & torch.isfinite(entropy)
+    threshold = global_quantile(entropy[finite], 1.0 - top_fraction, group)
+    if math.isnan(threshold):
+        return torch.zeros_like(response_mask), threshold
+    return finite & (entropy.to(torch.float64) >= threshold), threshold
+
+
+@register_token_mask("entropy20", needs_entropy=True, ratios={"keep_ratio": ("num_kept", "num_response_tokens")})
+def entropy20_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
+    """20-Entropy ("Beyond the 80/20 rule"): the gradient only on the top-entropy tokens of the batch."""
+    mask = inputs.response_mask
+    keep, threshold = high_entropy_keep(inputs.entropy, mask, settings.entropy_top_fraction, inputs.group)
+    drop = mask & ~keep
+    drop_count = drop if settings.entropy_denominator == "kept" else torch.zeros_like(drop)
+    stats = {"entropy_threshold": threshold, **entropy_percentiles(inputs.entropy, mask)}
+    return TokenMask(drop, drop_count, {"num_kept": float(keep.sum())}, stats)

@@ -1,0 +1,100 @@
+"""verl's batch-size rules, checked on the driver (sizes in prompts, as in verl's config).
+
+verl asserts the mini/micro-batch divisibility inside each worker's update, i.e. after a cluster
+start-up and a whole rollout; here it costs a second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from stapo.validation import STAPOConfigError, check_positive_int
+
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
+
+
+def check_batch_sizes(
+    train_batch_size: int,
+    rollout_n: int,
+    mini_batch_size: int,
+    world_size: int,
+    sp_size: int = 1,
+    micro_batch_size: int | None = None,
+    log_prob_micro_batch_sizes: Mapping[str, int | None] | None = None,
+) -> None:
+    """The divisibility verl's workers assert mid-step, checked up front (sizes in prompts, as in verl).
+
+    One step holds ``train_batch_size * rollout_n`` responses, split evenly over the ``world_size /
+    sp_size`` data-parallel ranks; each PPO mini-batch holds ``mini_batch_size * rollout_n``.
+    ``micro_batch_size`` (the update) and ``log_prob_micro_batch_sizes`` (key -> size, the log-prob
+    passes) are per GPU, ``None`` when dynamic batching replaces them.
+    """
+    tb, mini = "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"
+    world = "trainer.nnodes * trainer.n_gpus_per_node"
+    if world_size % sp_size:
+        raise STAPOConfigError(
+            f"{world} ({world_size}) must be a multiple of actor_rollout_ref.actor.ulysses_sequence_parallel_size "
+            f"({sp_size})"
+        )
+    dp = world_size // sp_size
+    if mini_batch_size > train_batch_size or train_batch_size % mini_batch_size:
+        raise STAPOConfigError(
+            f"{tb} ({train_batch_size}) must be a multiple of {mini} ({mini_batch_size}): otherwise verl pads the "
+            "last PPO mini-batch with empty synthetic samples"
+        )
+    responses, mini_responses = train_batch_size * rollout_n, mini_batch_size * rollout_n
+    if mini_responses % dp:
+        raise STAPOConfigError(
+            f"{mini} * actor_rollout_ref.rollout.n ({mini_batch_size} * {rollout_n} = {mini_responses} responses) "
+            f"must be divisible by the data-parallel size {world} / ulysses_sequence_parallel_size ({dp})"
+        )
+    if micro_batch_size is not None and (mini_responses // dp) % micro_batch_size:
+        raise STAPOConfigError(
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu ({micro_batch_size}) must divide the responses "
+            f"of one mini-batch on one rank ({mini} * rollout.n / data-parallel size = {mini_responses // dp})"
+        )
+    for key, micro in (log_prob_micro_batch_sizes or {}).items():
+        if micro is not None and (responses // dp) % micro:
+            raise STAPOConfigError(
+                f"{key} ({micro}) must divide the responses of one step on one rank "
+                f"({tb} * rollout.n / data-parallel size = {responses // dp})"
+            )
+
+
+def check_run_batches(config) -> None:
+    data, trainer = config.data, config.trainer
+    actor, rollout, ref = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout, config.actor_rollout_ref.ref
+    world = check_positive_int("trainer.nnodes", trainer.nnodes) * check_positive_int(
+        "trainer.n_gpus_per_node", trainer.n_gpus_per_node
+    )
+    train = check_positive_int("data.train_batch_size", data.train_batch_size)
+    n = check_positive_int("actor_rollout_ref.rollout.n", rollout.n)
+    mini = check_positive_int("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size)
+    dynamic = bool(actor.get("use_dynamic_bsz", False))
+    log_prob_dynamic = bool(rollout.get("log_prob_use_dynamic_bsz", False))
+    if dynamic != log_prob_dynamic:  # asserted by verl's actor worker at start-up, without the key names
+        raise STAPOConfigError(
+            f"actor_rollout_ref.rollout.log_prob_use_dynamic_bsz ({log_prob_dynamic}) must equal "
+            f"actor_rollout_ref.actor.use_dynamic_bsz ({dynamic}): the actor computes the old log-probs with its "
+            "own batching"
+        )
+    if actor.get("strategy", None) not in FSDP_STRATEGIES:
+        return  # megatron's DP size depends on TP x PP x CP; verl checks that layout itself
+    micros = {}
+    if not dynamic:
+        micros["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"] = actor.get("ppo_micro_batch_size_per_gpu")
+    if not log_prob_dynamic:
+        micros["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"] = rollout.get(
+            "log_prob_micro_batch_size_per_gpu"
+        )
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    if need_reference_policy(config) and not ref.get("log_prob_use_dynamic_bsz", False):
+        micros["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = ref.get("log_prob_micro_batch_size_per_gpu")
+    for key, value in micros.items():
+        if value is not None:
+            check_positive_int(key, value)
+    update_micro = micros.pop("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", None)
+    check_batch_sizes(
+        train, n, mini, world, actor.get("ulysses_sequence_parallel_size", 1) or 1, update_micro, micros
+    )
