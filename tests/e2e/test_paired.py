@@ -1,0 +1,72 @@
+"""Paired comparisons through the real CPU trainer: algorithms differ in nothing but the algorithm.
+
+Two algorithms whose masks happen to drop nothing must give the same numbers, step for step and bit
+for bit: same rollouts (the seeded sampler, docs/reproducibility.md), same objective (one registered
+loss), same trainer. A difference in anything but the mask (a second loss code path, an unseeded
+sampler, a different trainer branch) fails these tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.cpu_runs import Run, run_recipe
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+
+STEPS = 2
+# keys that measure the machine, not the algorithm; and the mask's own diagnostics, which only
+# one of the two runs has
+NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "actor/stapo/")
+
+
+def algorithm_metrics(run: Run) -> dict[int, dict[str, float]]:
+    assert run.returncode == 0, run.log[-6000:]
+    assert sorted(run.steps) == list(range(1, STEPS + 1)), run.log[-3000:]
+    return {
+        step: {k: v for k, v in metrics.items() if not k.startswith(NOT_COMPARED)} for step, metrics in run.steps.items()
+    }
+
+
+def _run(tmp_path, name: str, overrides: list[str]) -> Run:
+    common = [f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
+    return run_recipe([*overrides, *common], tmp_path / name)
+
+
+def test_stapo_that_silences_nothing_is_grpo(tmp_path):
+    """algo=stapo with a tau_p no token is below, and grpo's clip and KL, equals algo=grpo exactly."""
+    grpo = _run(tmp_path, "grpo", ["algo=grpo"])
+    stapo = _run(
+        tmp_path,
+        "stapo",
+        [
+            "algo=stapo",
+            "actor_rollout_ref.actor.policy_loss.tau_p=1e-30",
+            "actor_rollout_ref.actor.clip_ratio_high=0.2",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        ],
+    )
+    assert all(stapo.steps[s]["actor/stapo/num_candidates"] == 0 for s in stapo.steps)
+    assert all(stapo.steps[s]["actor/stapo/num_spurious"] == 0 for s in stapo.steps)
+    expected, got = algorithm_metrics(grpo), algorithm_metrics(stapo)
+    assert "actor/kl_loss" in got[1] and "actor/pg_loss" in got[1]
+    for step in expected:
+        assert got[step] == expected[step], _diff(expected[step], got[step])
+
+
+def test_entropy20_keeping_every_token_is_justrl(tmp_path):
+    """algo=entropy20 with entropy_top_fraction=1 keeps every token: exactly algo=justrl."""
+    justrl = _run(tmp_path, "justrl", ["algo=justrl"])
+    keep_all = _run(tmp_path, "e20", ["algo=entropy20", "actor_rollout_ref.actor.policy_loss.entropy_top_fraction=1.0"])
+    assert all(keep_all.steps[s]["actor/stapo/keep_ratio"] == 1.0 for s in keep_all.steps)
+    expected, got = algorithm_metrics(justrl), algorithm_metrics(keep_all)
+    for step in expected:
+        assert got[step] == expected[step], _diff(expected[step], got[step])
+
+
+def _diff(expected: dict, got: dict) -> str:
+    keys = sorted(set(expected) | set(got))
+    rows = [f"{k}: {expected.get(k)} != {got.get(k)}" for k in keys if expected.get(k) != got.get(k)]
+    return "\n".join(rows[:40])
