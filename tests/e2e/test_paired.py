@@ -23,9 +23,7 @@ NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "ac
 def algorithm_metrics(run: Run) -> dict[int, dict[str, float]]:
     assert run.returncode == 0, run.log[-6000:]
     assert sorted(run.steps) == list(range(1, STEPS + 1)), run.log[-3000:]
-    return {
-        step: {k: v for k, v in metrics.items() if not k.startswith(NOT_COMPARED)} for step, metrics in run.steps.items()
-    }
+    return {step: {k: v for k, v in m.items() if not k.startswith(NOT_COMPARED)} for step, m in run.steps.items()}
 
 
 def _run(tmp_path, name: str, overrides: list[str]) -> Run:
