@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from stapo.quantile import linear_quantile
-from stapo.s2t import detect_spurious, s2t_diagnostics, spurious_mask
+from stapo.s2t import candidate_mask, detect_spurious, spurious_mask
 from stapo.validation import STAPOConfigError
-from tests.reference import reference_spurious
+from tests.reference import reference_candidates, reference_spurious
 
 
 def random_batch(seed: int, rows: int = 12, cols: int = 40, low_prob_share: float = 0.3):
@@ -159,21 +159,17 @@ def test_linear_quantile_above_torch_quantile_limit():
     assert linear_quantile(values, 0.75) == float(np.quantile(values.double().numpy(), 0.75))
 
 
-def test_diagnostics_are_consistent_with_the_mask():
-    log_prob, entropy, advantages, response_mask = random_batch(11, rows=40, cols=50)
+def test_candidates_are_the_loop_references_candidates_including_nonfinite_entropy():
+    """candidate_mask ignores entropy; detect_spurious' candidates also need a finite entropy to rank."""
+    log_prob, entropy, advantages, response_mask = random_batch(4)
+    entropy[2:5, :6] = float("nan")
+    advantages = advantages.abs() + 0.1
+    expected = {(i, t) for i, t, _ in reference_candidates(
+        log_prob.tolist(), entropy.tolist(), advantages.tolist(), response_mask.tolist(), 0.002
+    )}
     detection = detect_spurious(log_prob, entropy, advantages, response_mask)
-    metrics = s2t_diagnostics(detection, log_prob, entropy, advantages, response_mask, 0.002)
-    num_tokens = int(response_mask.sum())
-    assert metrics["mask_ratio"] == pytest.approx(int(detection.spurious.sum()) / num_tokens)
-    assert metrics["num_candidates"] == detection.num_candidates == metrics["num_candidates_local"]
-    assert metrics["tau_h"] == detection.tau_h
-    positive = response_mask & (advantages > 0)
-    quadrants = sum(metrics[k] for k in metrics if k.startswith("quadrant/"))
-    assert quadrants == int(positive.sum())
-    # the spurious tokens are exactly the low-probability, low-entropy quadrant's members
-    assert metrics["quadrant/lowp_lowh"] == int(detection.spurious.sum())
-    lowp = torch.exp(log_prob) < 0.002
-    assert metrics["positive_low_prob_frac"] == pytest.approx(float((positive & lowp).sum() / positive.sum()))
-    response_entropy = entropy[response_mask].double().numpy()
-    for p in (50, 80, 95):
-        assert metrics[f"entropy_p{p}"] == pytest.approx(float(np.quantile(response_entropy, p / 100)))
+    assert {tuple(x) for x in detection.candidates.nonzero().tolist()} == expected
+    plain = candidate_mask(log_prob, advantages, response_mask, 0.002)
+    assert (plain & ~detection.candidates).any()  # the NaN-entropy candidates, left out of the threshold
+    assert not (plain & ~detection.candidates & torch.isfinite(entropy)).any()
+    assert detection.num_candidates == len(expected)
