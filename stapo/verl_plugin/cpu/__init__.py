@@ -28,6 +28,9 @@ def register_rollout() -> None:
     # verl has no public registration call for adapters: its registry is this module-level dict
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "stapo.verl_plugin.cpu.rollout.HFServerAdapter"
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
+    from stapo.verl_plugin.seeding import register_agent_loop
+
+    register_agent_loop()  # the seeded agent loop: any rollout back-end, GPU included
 
 
 def _runtime_env_flag(config) -> str | None:
@@ -43,7 +46,8 @@ def enable_for_run(config) -> bool:
     runtime env, or when ``trainer.device=cpu`` and this machine has no CUDA device. When asked,
     the flag is set in this process and written into ``ray_kwargs.ray_init.runtime_env.env_vars``
     (every Ray worker imports verl, and with it this package, under that environment), and the
-    back-end is activated in the driver. ``trainer.device=cpu`` on a CUDA machine without the flag
+    back-end is activated in the driver, and the run is made reproducible (``pin_reproducibility``:
+seeded requests, batch in submission order). ``trainer.device=cpu`` on a CUDA machine without the flag
     is refused: the CPU back-end replaces verl's platform and is never chosen by accident there.
     """
     import torch
@@ -65,6 +69,11 @@ def enable_for_run(config) -> bool:
     os.environ[ENV_FLAG] = "1"
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}", "1", force_add=True)
     activate_if_requested()
+    from stapo.verl_plugin.seeding import pin_reproducibility
+
+    # a CPU run is bit-for-bit reproducible (docs/reproducibility.md): seeded requests, batch in submission order
+    for setting in pin_reproducibility(config):
+        print(f"[stapo] CPU back-end, reproducible rollouts: {setting}", flush=True)
     return True
 
 

@@ -5,14 +5,18 @@ Pieces, in verl's own terms (hybrid mode: actor and rollout share the worker pro
   verl hands it the actor's weights and it forwards them to its replica's server.
 - ``HFReplica`` (verl's ``RolloutReplica``) launches one ``HFGenerationServer`` Ray actor per
   replica; the agent loop sends token-in/token-out ``generate`` requests to it.
-- ``HFGenerationServer`` batches concurrent requests, samples with the model's own logits and
-  returns raw-logit log-probs, so rollout and actor log-probs can be compared exactly.
+- ``HFGenerationServer`` generates each request on its own from a per-request seed (reproducible,
+  see docs/reproducibility.md) and returns raw-logit log-probs, so rollout and actor log-probs can
+  be compared exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
@@ -20,10 +24,11 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from stapo.verl_plugin.cpu.sampling import Sampling, sample_request
+
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "stapo_hf"
-BATCH_WINDOW_S = 0.05  # how long the server waits for more requests before a batched generate
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
@@ -33,11 +38,21 @@ def server_name(replica_rank: int, suffix: str = "") -> str:
 
 
 class HFGenerationServer:
-    """One replica's generation server: an HF causal LM on CPU, fed by a request queue."""
+    """One replica's generation server: an HF causal LM on CPU.
 
-    def __init__(self, model_path: str, response_length: int, prompt_length: int, dtype: str = "float32"):
+    Every request is generated on its own, with a KV cache and its own ``torch.Generator`` seeded
+    from ``sampling_params["seed"]`` (set per request by the ``stapo_seeded`` agent loop, see
+    ``stapo.verl_plugin.seeding``), in a pool of threads with one intra-op thread each: a
+    request's tokens and log-probs do not depend on timing, on which requests run beside it, or
+    on the machine's core count. Requests without a seed get a fresh random one (logged once).
+    """
+
+    def __init__(
+        self, model_path: str, response_length: int, prompt_length: int, dtype: str = "float32", threads: int = 0
+    ):
         from transformers import AutoModelForCausalLM
 
+        torch.set_num_threads(1)  # one thread per request: kernels reduce in the same order everywhere
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=getattr(torch, dtype), attn_implementation="sdpa"
         ).eval()
@@ -45,12 +60,11 @@ class HFGenerationServer:
         self.prompt_length = prompt_length
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        pad = self.model.generation_config.pad_token_id
-        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.global_steps = None
         self.weight_version = 0
-        self._queue: asyncio.Queue | None = None
-        self._worker: asyncio.Task | None = None
+        self.threads = threads if threads > 0 else max(1, min(4, os.cpu_count() or 1))
+        self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="stapo_hf")
+        self._warned_unseeded = False
 
     async def launch_server(self):
         return True
@@ -77,89 +91,39 @@ class HFGenerationServer:
         self.global_steps = global_steps
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs):
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-            self._worker = asyncio.get_running_loop().create_task(self._serve())
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put((list(prompt_ids), dict(sampling_params), future))
-        return await future
+        sampling = self.sampling(prompt_ids, sampling_params)
+        seed = sampling_params.get("seed")
+        if seed is None and not sampling.greedy:
+            seed = secrets.randbits(63)
+            if not self._warned_unseeded:
+                self._warned_unseeded = True
+                logger.warning(
+                    "HF rollout: a request came without sampling_params['seed'] (request %s); it is sampled "
+                    "from a random seed and the run is not reproducible. The stapo_seeded agent loop "
+                    "(actor_rollout_ref.rollout.agent.default_agent_loop=stapo_seeded) sends one.",
+                    request_id,
+                )
+        loop = asyncio.get_running_loop()
+        tokens, log_probs, stop = await loop.run_in_executor(
+            self._pool, sample_request, self.model, list(prompt_ids), sampling, seed, self.eos_ids
+        )
+        return TokenOutput(
+            token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra_fields={"global_steps": self.global_steps}
+        )
 
-    async def _serve(self):
-        while True:
-            batch = [await self._queue.get()]
-            await asyncio.sleep(BATCH_WINDOW_S)
-            while not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            groups: dict[tuple, list] = {}
-            for item in batch:
-                groups.setdefault(self._sampling_key(item[0], item[1]), []).append(item)
-            for key, items in groups.items():
-                try:
-                    outputs = await asyncio.to_thread(self._generate_batch, [i[0] for i in items], key)
-                    for (_, _, future), output in zip(items, outputs):
-                        future.set_result(output)
-                except Exception as error:  # every waiting request learns why, nothing hangs
-                    for _, _, future in items:
-                        if not future.done():
-                            future.set_exception(error)
-
-    def _sampling_key(self, prompt_ids: list[int], params: dict[str, Any]) -> tuple:
+    def sampling(self, prompt_ids: list[int], params: dict[str, Any]) -> Sampling:
+        """verl's sampling params with vLLM's max-token rule (response_length, and the context budget)."""
         max_tokens = params.get("max_tokens", params.get("max_new_tokens"))
         limit = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
         max_tokens = max(1, min(int(max_tokens), limit) if max_tokens is not None else limit)
         top_k = int(params.get("top_k", -1) or -1)
-        return (
-            float(params.get("temperature", 1.0)),
-            float(params.get("top_p", 1.0)),
-            top_k if top_k > 0 else 0,
-            max_tokens,
-            bool(params.get("logprobs", False)),
+        return Sampling(
+            temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            top_k=top_k if top_k > 0 else 0,
+            max_tokens=max_tokens,
+            logprobs=bool(params.get("logprobs", False)),
         )
-
-    @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], key: tuple) -> list[TokenOutput]:
-        temperature, top_p, top_k, max_tokens, want_logprobs = key
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros_like(input_ids)
-        for row, prompt in enumerate(prompts):  # left padding
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention[row, width - len(prompt) :] = 1
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k}
-        if temperature <= 0:
-            sampling = {"do_sample": False}
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            max_new_tokens=max_tokens,
-            eos_token_id=self.eos_ids or None,
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-            output_logits=want_logprobs,
-            **sampling,
-        )
-        new_tokens = out.sequences[:, width:]
-        log_probs = None
-        if want_logprobs:  # raw-logit log-probs, the quantity the actor recomputes
-            logits = torch.stack(out.logits, dim=1).float()
-            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        results = []
-        for row in range(len(prompts)):
-            tokens = new_tokens[row].tolist()
-            length, stop = len(tokens), "length"
-            for index, token in enumerate(tokens):
-                if token in self.eos_ids:
-                    length, stop = index + 1, "completed"
-                    break
-            results.append(
-                TokenOutput(
-                    token_ids=tokens[:length],
-                    log_probs=log_probs[row, :length].tolist() if log_probs is not None else None,
-                    stop_reason=stop,
-                    extra_fields={"global_steps": self.global_steps},
-                )
-            )
-        return results
 
     # lifecycle calls verl makes on every rollout server: nothing to free on a CPU
     async def wake_up(self):

@@ -1,0 +1,124 @@
+"""The HF rollout's seeded sampling, the per-request seeds and the batch order (no Ray, no trainer).
+
+A small random Qwen3 model stands in for a checkpoint; references are HF's own logits warpers and
+a loop that recomputes the whole sequence without a KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from stapo.verl_plugin.cpu.sampling import Sampling, filter_logits, sample_request
+from stapo.verl_plugin.seeding import request_seed, seed_for_request
+
+EOS = 1
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=128, eos_token_id=EOS, pad_token_id=0,
+    )
+    folder = tmp_path_factory.mktemp("qwen3_small")
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    from stapo.verl_plugin.cpu.rollout import HFGenerationServer
+
+    return HFGenerationServer(model_dir, response_length=12, prompt_length=16, threads=3)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.9, 20, 0.6)])
+def test_filter_matches_hf_warpers(temperature, top_k, top_p):
+    torch.manual_seed(1)
+    logits = torch.randn(96) * 3
+    expected = TemperatureLogitsWarper(temperature)(None, logits[None].clone())
+    if top_k:
+        expected = TopKLogitsWarper(top_k)(None, expected)
+    if top_p < 1:
+        expected = TopPLogitsWarper(top_p)(None, expected)
+    got = filter_logits(logits, Sampling(temperature=temperature, top_k=top_k, top_p=top_p))
+    assert torch.equal(torch.isinf(got), torch.isinf(expected[0]))
+    assert torch.allclose(got[~torch.isinf(got)], expected[0][~torch.isinf(got)])
+
+
+def test_kv_cache_loop_matches_full_recompute(model_dir):
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    sampling = Sampling(temperature=1.0, top_k=30, max_tokens=10, logprobs=True)
+    tokens, log_probs, _ = sample_request(model, [5, 6, 7, 8], sampling, seed=123, eos_ids=[EOS])
+    generator = torch.Generator().manual_seed(123)
+    sequence, expected = [5, 6, 7, 8], []
+    with torch.no_grad():
+        for _ in range(len(tokens)):
+            logits = model(torch.tensor([sequence])).logits[0, -1]
+            probs = torch.softmax(TopKLogitsWarper(30)(None, logits[None].clone())[0], dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+            expected.append(float(torch.log_softmax(logits, -1)[token]))
+            sequence.append(token)
+    assert tokens == sequence[4:]
+    assert log_probs == pytest.approx(expected, abs=1e-5)
+
+
+def _generate(server, prompt, seed, temperature=1.0):
+    params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    if seed is not None:
+        params["seed"] = seed
+    return server.generate("r", prompt_ids=prompt, sampling_params=params)
+
+
+def test_same_seed_same_tokens_whatever_else_is_in_flight(server):
+    prompt, seed = [3, 4, 5, 6, 7], request_seed(1, 1, "p", "s0")
+
+    async def alone():
+        return await _generate(server, prompt, seed)
+
+    async def crowded():
+        others = [_generate(server, [9, 10 + i, 11] * (i + 1), request_seed(1, 1, f"q{i}", "s0")) for i in range(5)]
+        results = await asyncio.gather(*others[:3], _generate(server, prompt, seed), *others[3:])
+        return results[3]
+
+    first, second = asyncio.run(alone()), asyncio.run(crowded())
+    assert first.token_ids == second.token_ids and first.log_probs == second.log_probs
+    assert len(first.log_probs) == len(first.token_ids) > 0
+
+
+def test_other_sample_index_gives_other_tokens(server):
+    prompt = [3, 4, 5, 6, 7]
+
+    async def group():
+        seeds = [request_seed(1, 1, "p", f"s{i}") for i in range(4)]
+        return await asyncio.gather(*[_generate(server, prompt, s) for s in seeds])
+
+    responses = [tuple(out.token_ids) for out in asyncio.run(group())]
+    assert len(set(responses)) == 4
+
+
+def test_greedy_needs_no_seed_and_unseeded_sampling_still_runs(server):
+    greedy = [asyncio.run(_generate(server, [3, 4, 5], None, temperature=0)).token_ids for _ in range(2)]
+    assert greedy[0] == greedy[1]
+    assert asyncio.run(_generate(server, [3, 4, 5], None)).token_ids  # a random seed, logged once
+
+
+def test_seed_identifies_step_prompt_and_sample():
+    base = {"global_steps": 3, "index": 7, "raw_prompt": [{"role": "user", "content": "1+1"}], "session_id": 0}
+    seed = seed_for_request(42, base)
+    assert seed == seed_for_request(42, dict(base, uid="another-uuid4"))  # the uid is random per run
+    assert 0 <= seed < 2**63
+    for change in ({"session_id": 1}, {"global_steps": 4}, {"index": 8},
+                   {"raw_prompt": [{"role": "user", "content": "1+2"}]}):
+        assert seed_for_request(42, dict(base, **change)) != seed, change
+    assert seed_for_request(43, base) != seed
+    # pinned: a seed must not change with the Python version, the machine or the process
+    assert request_seed(1, 2, "k", "s3") == 559845638354300787  # blake2b-64 of [1, 2, "k", "s3"], top bit cleared
+    with pytest.raises(KeyError, match="session_id or priority"):
+        seed_for_request(42, {k: v for k, v in base.items() if k != "session_id"})
