@@ -65,7 +65,7 @@ def test_stapo_trains_checkpoints_and_resumes(tmp_path):
         logged = [r for r in records if r["step"] == step]
         assert len(logged) == min(200, int(first.steps[step]["actor/stapo/num_spurious"])), step
         assert all(r["prob"] < 0.002 and isinstance(r["token"], str) for r in logged)
-    assert "loss_mode: stapo" in (run_dir / "config.yaml").read_text()
+    assert "token_mask: stapo" in (run_dir / "config.yaml").read_text()
     assert set(read_metrics(run_dir)) == {1, 2}
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     # verl's sync-trainer branches: no TransferQueue snapshot in the checkpoint, gen_batch_size kept
