@@ -1,181 +1,224 @@
-"""STAPO through verl's own actor-loss code path (``ppo_loss`` -> registry -> ``agg_loss``).
+"""The one objective through verl's own actor-loss code path (``STAPOLossFn`` -> ``ppo_loss`` -> the
+registered ``masked_clip`` -> ``agg_loss``), against the float64 loop references.
 
-The claim of ``source: old``: once the S2T mask is folded into ``response_mask`` and ``loss_mask``,
-verl's normalisation (token count from ``loss_mask`` before the micro-batches run) gives exactly the
-valid-token mean of spec section 3, however the mini-batch is split into micro-batches.
+The claim of ``source: old``: once an entry's mask is folded into ``response_mask`` (the sum) and
+``loss_mask`` (verl's token count, read before the micro-batches run), verl's normalisation gives
+exactly the kept-token mean of docs/algorithm.md section 3, for every registry entry, however the
+mini-batch is split into micro-batches.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
-from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
-from stapo.s2t import detect_spurious
-from stapo.verl_plugin.losses import MASK_FOLDED_KEY, STAPOLossFn
-from stapo.verl_plugin.trainer import fold_masks
-from tests.integration.verl_batches import actor_config, make_micro_batch
-from tests.reference import reference_clipped_token_loss, reference_spurious
+from stapo.masks import TOKEN_MASK_REGISTRY, MaskSettings
+from stapo.verl_plugin.losses import LOSS_TOKENS_METRIC, REFUSED_METRIC, STAPOLossFn
+from stapo.verl_plugin.trainer import in_loss_step_metrics
+from tests.integration.verl_batches import (
+    actor_config,
+    compose_verl,
+    fold_as_trainer,
+    make_micro_batch,
+    metric_values,
+    run_micro_batches,
+    stapo_overrides,
+)
+from tests.reference import REFERENCES, reference_masked_loss, reference_spurious
 
 TAU_P, Q = 0.002, 0.75
 
 
-def random_rows(seed: int, count: int = 10):
+def random_batch(seed: int, count: int = 10):
+    """Padded float64 tensors of ragged responses (lengths 3..25), and each response's prompt length."""
     g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 26, (count,), generator=g).tolist()
+    lengths = torch.randint(3, 26, (count,), generator=g)
+    width = int(lengths.max())
+    low = torch.rand(count, width, generator=g) < 0.35
+    old = torch.where(
+        low,
+        torch.empty(count, width, dtype=torch.float64).uniform_(math.log(1e-6), math.log(TAU_P), generator=g),
+        torch.empty(count, width, dtype=torch.float64).uniform_(math.log(TAU_P), 0.0, generator=g),
+    )
+    # ratios across both clip edges and the dual-clip region (A < 0, ratio > 10)
+    shift = torch.empty(count, width, dtype=torch.float64).uniform_(-0.6, 0.6, generator=g)
+    shift[::4, ::5] = 2.5
+    sign = torch.tensor([-1.0 if i % 3 == 0 else 1.0 for i in range(count)], dtype=torch.float64)
+    advantages = (sign * (0.1 + torch.rand(count, generator=g, dtype=torch.float64))).unsqueeze(-1).expand(-1, width)
+    tensors = {
+        "old_log_prob": old,
+        "log_prob": old + shift,
+        "entropy": torch.rand(count, width, generator=g, dtype=torch.float64) * 4,
+        "model_entropy": torch.rand(count, width, generator=g) * 4,
+        "advantages": advantages.clone(),
+        "response_mask": torch.arange(width).unsqueeze(0) < lengths.unsqueeze(-1),
+    }
     prompt_lens = torch.randint(2, 7, (count,), generator=g).tolist()
-    rows = {"log_prob": [], "old_log_prob": [], "entropy": [], "model_entropy": [], "advantages": []}
-    for i, n in enumerate(lengths):
-        low = torch.rand(n, generator=g) < 0.35
-        old = torch.where(
-            low,
-            torch.empty(n, dtype=torch.float64).uniform_(math.log(1e-6), math.log(TAU_P), generator=g),
-            torch.empty(n, dtype=torch.float64).uniform_(math.log(TAU_P), 0.0, generator=g),
-        )
-        rows["old_log_prob"].append(old)
-        rows["log_prob"].append(old + torch.empty(n, dtype=torch.float64).uniform_(-0.6, 0.6, generator=g))
-        rows["entropy"].append(torch.rand(n, generator=g, dtype=torch.float64) * 4)
-        rows["model_entropy"].append(torch.rand(n, generator=g) * 4)
-        sign = -1.0 if i % 3 == 0 else 1.0
-        rows["advantages"].append(torch.full((n,), sign * (0.1 + float(torch.rand(1, generator=g))), dtype=torch.float64))
-    return rows, lengths, prompt_lens
+    return tensors, lengths.tolist(), prompt_lens
 
 
-def padded(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    return torch.stack([torch.nn.functional.pad(r, (0, width - len(r))) for r in rows])
+def ragged_rows(tensors, lengths, response_mask, loss_mask):
+    """Rows cut to each response's length, as verl's jagged batches hold them."""
+    rows = {key: tensors[key] for key in ("old_log_prob", "log_prob", "advantages", "model_entropy")}
+    rows.update(response_mask=response_mask.long(), loss_mask=loss_mask.long())
+    return {key: [value[i, :n] for i, n in enumerate(lengths)] for key, value in rows.items()}
 
 
-def valid_mean_and_grad(rows, valid):
-    """Loop reference: mean clipped loss over valid tokens and d/d log_prob per token."""
-    count = sum(sum(v) for v in valid)
-    total, grads = 0.0, []
-    for i, row_valid in enumerate(valid):
-        row_grad = []
-        for t, ok in enumerate(row_valid):
-            lp, old, a = float(rows["log_prob"][i][t]), float(rows["old_log_prob"][i][t]), float(rows["advantages"][i][t])
-            g = 0.0
-            if ok:
-                total += reference_clipped_token_loss(old, lp, a, 0.2, 0.28, 10.0)
-                ratio = math.exp(lp - old)
-                unclipped, clipped = -a * ratio, -a * min(max(ratio, 0.8), 1.28)
-                if unclipped >= clipped and not (a < 0 and unclipped > -a * 10.0):
-                    g = -a * ratio / count
-            row_grad.append(g)
-        grads.append(row_grad)
-    return total / count, grads
+def as_lists(tensors) -> dict:
+    return {key: value.tolist() for key, value in tensors.items()}
 
 
-def run_micro_batches(loss_fn, rows, prompt_lens, splits, batch_num_tokens, folded=True):
-    total, grads = 0.0, []
-    start = 0
-    for size in splits:
-        part = {key: value[start : start + size] for key, value in rows.items()}
-        model_output, data, leaf = make_micro_batch(part, prompt_lens[start : start + size], batch_num_tokens, len(prompt_lens))
-        tu.assign_non_tensor(data, **{MASK_FOLDED_KEY: folded})
-        loss, _ = loss_fn(model_output=model_output, data=data)
-        loss.backward()
-        total += float(loss.detach())
-        offset = 0
-        for p, r in zip(prompt_lens[start : start + size], part["log_prob"]):
-            grads.append(leaf.grad[offset + p - 1 : offset + p - 1 + len(r)].tolist())
-            offset += p + len(r)
-        start += size
-    return total, grads
+def reference_for_entry(tensors, settings: MaskSettings):
+    """The loop reference of a folded entry: the entry's reference mask, then the kept-token objective."""
+    if settings.token_mask not in REFERENCES:
+        pytest.fail(f"token mask {settings.token_mask!r} has no loop reference in tests/reference.py")
+    lists = as_lists(tensors)
+    lists["log_prob"] = lists["old_log_prob"]  # source=old: the mask reads the old-policy pass
+    expected = REFERENCES[settings.token_mask](lists, dataclasses.asdict(settings))
+    mask = lists["response_mask"]
+    keep = [[m and not d for m, d in zip(rm, rd)] for rm, rd in zip(mask, expected["drop_response"])]
+    count = sum(m and not d for rm, rd in zip(mask, expected["drop_count"]) for m, d in zip(rm, rd))
+    new = tensors["log_prob"].tolist()
+    loss, grad = reference_masked_loss(lists["old_log_prob"], new, lists["advantages"], keep, count)
+    return loss, grad, keep, count
 
 
-@pytest.mark.parametrize("seed", range(3))
+VARIANTS = [(name, {}) for name in sorted(TOKEN_MASK_REGISTRY)] + [
+    ("stapo", {"entropy_quantile": 0.5, "tau_p": 0.01}),
+    ("entropy20", {"entropy_denominator": "kept", "entropy_top_fraction": 0.35}),
+]
+
+
+@pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("splits", [[10], [3, 4, 3], [1] * 10])
-def test_source_old_folded_mask_gives_exact_valid_token_mean(seed, splits):
-    rows, lengths, prompt_lens = random_rows(seed)
-    width = max(lengths)
-    mask = padded([torch.ones(n) for n in lengths], width).bool()
-    detection = detect_spurious(
-        padded(rows["old_log_prob"], width), padded(rows["entropy"], width), padded(rows["advantages"], width), mask,
-        TAU_P, Q,
-    )
-    assert detection.spurious.any()
-    response_mask, loss_mask = fold_masks(mask.long(), mask.long(), detection.spurious, detection.spurious)
-    rows["response_mask"] = [response_mask[i, :n] for i, n in enumerate(lengths)]
-    rows["loss_mask"] = [loss_mask[i, :n] for i, n in enumerate(lengths)]
+@pytest.mark.parametrize("name, extra", VARIANTS, ids=[f"{n}-{'-'.join(map(str, e.values())) or 'defaults'}" for n, e in VARIANTS])
+def test_every_folded_mask_gives_the_reference_loss_and_gradient(name, extra, splits, seed):
+    tensors, lengths, prompt_lens = random_batch(seed)
+    settings = MaskSettings(token_mask=name, **extra)
+    response_mask, loss_mask, built = fold_as_trainer(tensors, settings)
+    if name != "none":
+        assert built.drop_response.any()  # the mask really changes the objective
+    loss_fn = STAPOLossFn(actor_config(token_mask=name, **extra))
+    batch_tokens = int(loss_mask.sum())
+    rows = ragged_rows(tensors, lengths, response_mask, loss_mask)
+    total, grads, metrics = run_micro_batches(loss_fn, rows, prompt_lens, splits, batch_tokens)
 
-    loss_fn = STAPOLossFn(actor_config(loss_mode="stapo", source="old"))
-    total, grads = run_micro_batches(loss_fn, rows, prompt_lens, splits, int(loss_mask.sum()))
-
-    spurious, _ = reference_spurious(
-        [r.tolist() for r in rows["old_log_prob"]], [r.tolist() for r in rows["entropy"]],
-        [r.tolist() for r in rows["advantages"]], [[True] * n for n in lengths], TAU_P, Q,
-    )
-    valid = [[not s for s in spurious[i][:n]] for i, n in enumerate(lengths)]
-    expected, expected_grads = valid_mean_and_grad(rows, valid)
+    expected, expected_grad, _, count = reference_for_entry(tensors, settings)
+    assert count == batch_tokens == built.counts["num_loss_tokens_expected"]
     assert total == pytest.approx(expected, rel=1e-10)
-    for got_row, want_row in zip(grads, expected_grads):
-        assert got_row == pytest.approx(want_row, rel=1e-9, abs=1e-15)
+    for row, got, want in zip(range(len(lengths)), grads, expected_grad):
+        assert got == pytest.approx(want[: lengths[row]], rel=1e-9, abs=1e-15), row
+    for m in metrics:  # what the trainer compares with the count the mask left
+        assert metric_values(m) == {LOSS_TOKENS_METRIC: float(batch_tokens), REFUSED_METRIC: 0.0}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                                 "seq-mean-token-sum-norm"])
+def test_masked_clip_is_verls_vanilla_objective_over_the_folded_mask(agg):
+    """Paired with verl's own ``vanilla`` loss (independent code): same value, gradient and clip metrics for
+    every aggregation mode, with rollout importance weights, where no value is degenerate."""
+    tensors, lengths, prompt_lens = random_batch(4)
+    response_mask, loss_mask, _ = fold_as_trainer(tensors, MaskSettings(token_mask="stapo"))
+    rows = ragged_rows(tensors, lengths, response_mask, loss_mask)
+    weights = torch.rand(tensors["log_prob"].shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    rows["rollout_is_weights"] = [(0.5 + weights[i, :n]) for i, n in enumerate(lengths)]
+    results = {}
+    for mode in ("masked_clip", "vanilla"):
+        overrides = stapo_overrides(loss_mode=mode, token_mask="stapo") + [f"actor_rollout_ref.actor.loss_agg_mode={agg}"]
+        config = omega_conf_to_dataclass(compose_verl(overrides).actor_rollout_ref.actor)
+        total, grads, metrics = run_micro_batches(STAPOLossFn(config), rows, prompt_lens, [4, 6], int(loss_mask.sum()))
+        clip = {k: [float(v) for v in m.values] for k, m in metrics[0].items() if k.startswith("actor/pg_") or k == "actor/ppo_kl"}
+        results[mode] = (total, grads, clip)
+    (ours, our_grads, our_clip), (theirs, their_grads, their_clip) = results["masked_clip"], results["vanilla"]
+    assert ours == pytest.approx(theirs, rel=1e-12) and ours != 0.0
+    for got, want in zip(our_grads, their_grads):
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-18)
+    assert our_clip.keys() == their_clip.keys() and len(our_clip) == 4  # clipfrac, lower, ppo_kl, pg_loss
+    for key in our_clip:
+        assert our_clip[key] == pytest.approx(their_clip[key], rel=1e-12, abs=1e-15), key
 
 
 def test_masking_inside_the_loss_alone_would_keep_the_wrong_denominator():
     """Why the trainer folds into loss_mask: zeroing only response_mask leaves silenced tokens counted."""
-    rows, lengths, prompt_lens = random_rows(0)
-    width = max(lengths)
-    mask = padded([torch.ones(n) for n in lengths], width).bool()
-    spurious = detect_spurious(
-        padded(rows["old_log_prob"], width), padded(rows["entropy"], width), padded(rows["advantages"], width), mask
-    ).spurious
-    response_mask, _ = fold_masks(mask.long(), mask.long(), spurious, spurious)
-    rows["response_mask"] = [response_mask[i, :n] for i, n in enumerate(lengths)]
-    rows["loss_mask"] = [torch.ones(n, dtype=torch.long) for n in lengths]
-    loss_fn = STAPOLossFn(actor_config(loss_mode="stapo", source="old"))
-    unfolded, _ = run_micro_batches(loss_fn, rows, prompt_lens, [10], int(mask.sum()))
-    rows["loss_mask"] = rows["response_mask"]
-    folded, _ = run_micro_batches(loss_fn, rows, prompt_lens, [10], int(response_mask.sum()))
-    assert folded == pytest.approx(unfolded * int(mask.sum()) / int(response_mask.sum()), rel=1e-10)
+    tensors, lengths, prompt_lens = random_batch(0)
+    response_mask, loss_mask, _ = fold_as_trainer(tensors, MaskSettings(token_mask="stapo"))
+    mask = tensors["response_mask"]
+    loss_fn = STAPOLossFn(actor_config(token_mask="stapo"))
+    unfolded, _, _ = run_micro_batches(
+        loss_fn, ragged_rows(tensors, lengths, response_mask, mask), prompt_lens, [10], int(mask.sum())
+    )
+    folded, _, _ = run_micro_batches(
+        loss_fn, ragged_rows(tensors, lengths, response_mask, loss_mask), prompt_lens, [10], int(loss_mask.sum())
+    )
+    assert folded == pytest.approx(unfolded * int(mask.sum()) / int(loss_mask.sum()), rel=1e-10)
     assert folded != pytest.approx(unfolded, rel=1e-6)
 
 
 @pytest.mark.parametrize("splits", [[10], [4, 6]])
-def test_source_current_detects_on_update_forward_and_rescales(splits):
-    rows, lengths, prompt_lens = random_rows(7)
-    rows["response_mask"] = [torch.ones(n, dtype=torch.long) for n in lengths]
-    rows["loss_mask"] = rows["response_mask"]
-    num_tokens = sum(lengths)
-    loss_fn = STAPOLossFn(actor_config(loss_mode="stapo", source="current"))
-    total, _ = run_micro_batches(loss_fn, rows, prompt_lens, splits, num_tokens, folded=False)
+def test_source_current_detects_on_the_update_forward_and_rescales(splits):
+    tensors, lengths, prompt_lens = random_batch(7)
+    mask = tensors["response_mask"]
+    rows = ragged_rows(tensors, lengths, mask, mask)
+    num_tokens = int(mask.sum())
+    loss_fn = STAPOLossFn(actor_config(token_mask="stapo", source="current"))
+    total, _, metrics = run_micro_batches(loss_fn, rows, prompt_lens, splits, num_tokens)
 
-    # reference: per micro-batch, detection on the current log-probs and the forward's entropy,
-    # tau_h over that micro-batch, loss scaled from the response-token count to the valid count
-    expected, start = 0.0, 0
-    for size in splits:
+    # reference: per micro-batch, S2T on the current log-probs and the forward's (float32) entropy, tau_h
+    # over that micro-batch, the micro-batch's share of the mini-batch scaled to its kept-token mean
+    expected, start, spurious_total = 0.0, 0, 0
+    for size, m in zip(splits, metrics):
         part = slice(start, start + size)
-        spurious, _ = reference_spurious(
-            [r.tolist() for r in rows["log_prob"][part]], [r.tolist() for r in rows["model_entropy"][part]],
-            [r.tolist() for r in rows["advantages"][part]], [[True] * n for n in lengths[part]], TAU_P, Q,
-        )
-        valid = [[not s for s in spurious[i][:n]] for i, n in enumerate(lengths[part])]
-        part_rows = {k: v[part] for k, v in rows.items()}
-        mean, _ = valid_mean_and_grad(part_rows, valid)
-        expected += mean * sum(lengths[part]) / num_tokens
+        new, ent = tensors["log_prob"][part].tolist(), tensors["model_entropy"][part].double().tolist()
+        adv, part_mask = tensors["advantages"][part].tolist(), mask[part].tolist()
+        spurious, tau_h = reference_spurious(new, ent, adv, part_mask, TAU_P, Q)
+        keep = [[bool(a) and not s for a, s in zip(rm, rs)] for rm, rs in zip(part_mask, spurious)]
+        kept = sum(map(sum, keep))
+        mean, _ = reference_masked_loss(tensors["old_log_prob"][part].tolist(), new, adv, keep, kept)
+        expected += mean * sum(map(sum, part_mask)) / num_tokens
+        spurious_total += sum(map(sum, spurious))
+        got = metric_values(m, "actor/stapo/_sum/")
+        assert got["actor/stapo/_sum/tau_h"] == pytest.approx(tau_h, rel=1e-12)
+        assert got["actor/stapo/_sum/num_loss_tokens_expected"] == kept
         start += size
-    assert total == pytest.approx(expected, rel=1e-6)
+    assert total == pytest.approx(expected, rel=1e-10)
+    assert spurious_total > 0
+    # verl sums SUM metrics over the micro-batches of a mini-batch; the trainer turns them into step totals
+    reduced = {}
+    for m in metrics:
+        for key, metric in m.items():
+            if key.startswith("actor/stapo/_sum/"):
+                reduced[key] = reduced.get(key, 0.0) + float(metric.values[0])
+    counts, stats = in_loss_step_metrics(reduced, updates_per_epoch=1)
+    assert counts["num_spurious"] == spurious_total and counts["num_response_tokens"] == num_tokens
+    assert math.isfinite(stats["tau_h"])
 
 
-def test_stapo_loss_refuses_to_run_without_the_stapo_trainer():
-    rows, lengths, prompt_lens = random_rows(1, count=2)
-    rows["response_mask"] = [torch.ones(n, dtype=torch.long) for n in lengths]
-    rows["loss_mask"] = rows["response_mask"]
-    model_output, data, _ = make_micro_batch(rows, prompt_lens, sum(lengths), 2)
-    config = actor_config(loss_mode="stapo", source="old")
+def test_in_loss_mask_refuses_to_run_without_the_stapo_trainer_or_entropy():
+    tensors, lengths, prompt_lens = random_batch(1, count=2)
+    mask = tensors["response_mask"]
+    rows = ragged_rows(tensors, lengths, mask, mask)
+    config = actor_config(token_mask="stapo", source="current")
+    model_output, data, _ = make_micro_batch(rows, prompt_lens, int(mask.sum()), 2)
     with pytest.raises(RuntimeError, match="trainer_mode=stapo"):
-        ppo_loss(config, model_output, data)  # verl's stock loss function: no STAPO context
-    with pytest.raises(RuntimeError, match="no folded S2T mask"):
-        run_micro_batches(STAPOLossFn(config), rows, prompt_lens, [2], sum(lengths), folded=False)
+        ppo_loss(config, model_output, data)  # verl's stock loss function: no wrapper, no entropy handed over
+    rows.pop("model_entropy")
+    with pytest.raises(RuntimeError, match="calculate_entropy=true"):
+        run_micro_batches(STAPOLossFn(config), rows, prompt_lens, [2], int(mask.sum()))
 
 
-def test_non_finite_loss_fails_the_step_with_statistics():
-    rows, lengths, prompt_lens = random_rows(2, count=3)
-    rows["response_mask"] = [torch.ones(n, dtype=torch.long) for n in lengths]
-    rows["loss_mask"] = rows["response_mask"]
-    rows["advantages"][1][0] = float("nan")
-    with pytest.raises(FloatingPointError, match=r"'advantages': 1"):
-        run_micro_batches(STAPOLossFn(actor_config(loss_mode="stapo", source="old")), rows, prompt_lens, [3], sum(lengths))
+def test_folded_masks_need_no_wrapper_context():
+    """``source: old`` reaches the loss through the masks alone: verl's stock ``ppo_loss`` gives the same."""
+    tensors, lengths, prompt_lens = random_batch(2)
+    response_mask, loss_mask, _ = fold_as_trainer(tensors, MaskSettings(token_mask="entropy20"))
+    rows = ragged_rows(tensors, lengths, response_mask, loss_mask)
+    rows.pop("model_entropy")
+    config = actor_config(token_mask="entropy20")
+    model_output, data, _ = make_micro_batch(rows, prompt_lens, int(loss_mask.sum()), len(lengths))
+    stock, _ = ppo_loss(config, model_output, data)
+    wrapped, _, _ = run_micro_batches(STAPOLossFn(config), rows, prompt_lens, [len(lengths)], int(loss_mask.sum()))
+    assert float(stock) == pytest.approx(wrapped, rel=1e-12)

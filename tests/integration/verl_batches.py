@@ -7,13 +7,18 @@ one), so the tests drive verl's own ``ppo_loss`` rather than a copy of it.
 
 from __future__ import annotations
 
+import copy
+import functools
+
 import torch
 from hydra import compose, initialize_config_module
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 
+from stapo.masks import MaskInputs, MaskSettings, TokenMask, build_token_mask
 from stapo.verl_plugin.config import TARGET
+from stapo.verl_plugin.trainer import fold_masks
 
 PL = "actor_rollout_ref.actor.policy_loss"
 
@@ -25,6 +30,9 @@ def compose_verl(overrides: list[str]):
 
 
 def stapo_overrides(**policy_loss) -> list[str]:
+    """The typed policy_loss section with the registered ``masked_clip`` loss (unless ``loss_mode`` says
+    otherwise) and the given mask settings, STAPO's clip constants."""
+    policy_loss = {"loss_mode": "masked_clip", **policy_loss}
     overrides = [
         f"{PL}._target_={TARGET}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
@@ -39,7 +47,14 @@ def stapo_overrides(**policy_loss) -> list[str]:
 
 
 def actor_config(**policy_loss):
-    return omega_conf_to_dataclass(compose_verl(stapo_overrides(**policy_loss)).actor_rollout_ref.actor)
+    """The typed actor config (a fresh copy: verl's ppo_loss writes into ``global_batch_info``)."""
+    return copy.deepcopy(_actor_config(tuple(sorted(policy_loss.items()))))
+
+
+@functools.lru_cache(maxsize=None)
+def _actor_config(policy_loss: tuple):
+    # a Hydra composition takes seconds on a loaded 2-core machine; each distinct config is composed once
+    return omega_conf_to_dataclass(compose_verl(stapo_overrides(**dict(policy_loss))).actor_rollout_ref.actor)
 
 
 def jagged(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -75,5 +90,63 @@ def make_micro_batch(rows: dict[str, list[torch.Tensor]], prompt_lens: list[int]
         },
         batch_size=len(prompt_lens),
     )
+    for key in ("rollout_is_weights", "ref_log_prob"):
+        if key in rows:
+            data[key] = jagged(rows[key])
     tu.assign_non_tensor(data, batch_num_tokens=batch_num_tokens, dp_size=1, global_batch_size=global_bsz)
     return model_output, data, leaf
+
+
+def fold_as_trainer(tensors: dict[str, torch.Tensor], settings: MaskSettings) -> tuple[torch.Tensor, torch.Tensor, TokenMask]:
+    """``source: old``: the mask over the whole batch from the old-policy pass, folded as the STAPO trainer
+    does (``STAPOTrainer._compute_advantage``). Returns padded ``(response_mask, loss_mask, built)``."""
+    mask = tensors["response_mask"].bool()
+    built = build_token_mask(
+        MaskInputs(mask, tensors["advantages"], tensors["old_log_prob"], tensors.get("entropy")), settings
+    )
+    response_mask, loss_mask = fold_masks(mask.long(), mask.long(), built.drop_response, built.drop_count)
+    return response_mask, loss_mask, built
+
+
+def padded_rows(tensors: dict[str, torch.Tensor], response_mask: torch.Tensor, loss_mask: torch.Tensor) -> dict:
+    """Full-width rows for :func:`make_micro_batch`: positions past a response's end stay in the row with
+    mask 0, so whatever value sits there (NaN, inf) really reaches verl's loss code."""
+    rows = {
+        "old_log_prob": list(tensors["old_log_prob"]),
+        "log_prob": list(tensors["log_prob"]),
+        "advantages": list(tensors["advantages"]),
+        "response_mask": list(response_mask.long()),
+        "loss_mask": list(loss_mask.long()),
+    }
+    if tensors.get("model_entropy") is not None:
+        rows["model_entropy"] = list(tensors["model_entropy"].float())
+    return rows
+
+
+def run_micro_batches(loss_fn, rows, prompt_lens, splits, batch_num_tokens, dp_size=1, dp_group=None):
+    """verl's micro-batch loop for one mini-batch: loss per micro-batch, backward, gradient per response token.
+
+    Returns ``(summed loss, gradient rows, metrics per micro-batch)``; the summed loss is what verl's
+    gradient accumulation optimises (each micro-batch is already normalised by the mini-batch count).
+    """
+    total, grads, all_metrics, start = 0.0, [], [], 0
+    for size in splits:
+        part = {key: value[start : start + size] for key, value in rows.items()}
+        lens = prompt_lens[start : start + size]
+        model_output, data, leaf = make_micro_batch(part, lens, batch_num_tokens, len(prompt_lens))
+        tu.assign_non_tensor(data, dp_size=dp_size)
+        loss, metrics = loss_fn(model_output=model_output, data=data, dp_group=dp_group)
+        loss.backward()
+        total += float(loss.detach())
+        all_metrics.append(metrics)
+        offset = 0
+        for p, r in zip(lens, part["log_prob"]):
+            grads.append(leaf.grad[offset + p - 1 : offset + p - 1 + len(r)].tolist())
+            offset += p + len(r)
+        start += size
+    return total, grads, all_metrics
+
+
+def metric_values(metrics: dict, prefix: str = "actor/stapo/") -> dict[str, float]:
+    """The first value of each verl ``Metric`` under ``prefix`` (one micro-batch's own value)."""
+    return {key: float(m.values[0]) for key, m in metrics.items() if key.startswith(prefix)}
