@@ -75,7 +75,7 @@ def test_preflight_names_what_is_wrong(cluster, tmp_path):
     report = {r["name"]: r for r in json.loads(result.stdout)["results"]}
     assert set(report) == {"resources", "versions", "checkpoint", "plugin"}
     assert report["plugin"]["status"] == "FAIL" and "2 of 2 node(s)" in report["plugin"]["summary"]
-    assert all("Unsupported loss mode: stapo" in line for line in report["plugin"]["details"])
+    assert all("STAPO is not registered in verl" in line for line in report["plugin"]["details"])
     assert report["resources"]["status"] == "FAIL"
     assert "only 2 node(s) have >= 1 'GPU'" in report["resources"]["summary"]
     assert report["checkpoint"]["status"] == "FAIL" and "not writable from 2 node(s)" in report["checkpoint"]["summary"]

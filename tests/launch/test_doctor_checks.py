@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stapo import doctor
-from stapo.doctor import FAIL, OK, SKIP, WARN, Node
+from stapo.doctor import checks, cli
+from stapo.doctor.checks import FAIL, OK, SKIP, WARN, Node
 
 
 def _node(i: int, gpus: float = 8, free: float | None = None, head: bool = False) -> Node:
@@ -19,12 +19,12 @@ def _labels(nodes):
 
 
 def test_resources_fit():
-    result = doctor.check_resources([_node(1, head=True), _node(2)], nnodes=2, per_node=8, resource="GPU")
+    result = checks.check_resources([_node(1, head=True), _node(2)], nnodes=2, per_node=8, resource="GPU")
     assert result.status == OK, result
 
 
 def test_resources_too_few_nodes_names_the_fix():
-    result = doctor.check_resources([_node(1), _node(2)], nnodes=4, per_node=8, resource="GPU")
+    result = checks.check_resources([_node(1), _node(2)], nnodes=4, per_node=8, resource="GPU")
     assert result.status == FAIL
     assert "trainer.nnodes=4 x trainer.n_gpus_per_node=8" in result.summary
     assert "only 2 node(s)" in result.summary
@@ -33,18 +33,18 @@ def test_resources_too_few_nodes_names_the_fix():
 
 def test_resources_per_node_shape_matters_not_only_the_total():
     # 16 GPUs in total, but no node has 16: verl puts n_gpus_per_node on each node
-    result = doctor.check_resources([_node(1), _node(2)], nnodes=1, per_node=16, resource="GPU")
+    result = checks.check_resources([_node(1), _node(2)], nnodes=1, per_node=16, resource="GPU")
     assert result.status == FAIL and "the largest has 8" in result.summary
 
 
 def test_resources_missing_resource_name():
-    result = doctor.check_resources([_node(1, gpus=0)], nnodes=1, per_node=1, resource="GPU")
+    result = checks.check_resources([_node(1, gpus=0)], nnodes=1, per_node=1, resource="GPU")
     assert result.status == FAIL and "no node announces the resource 'GPU'" in result.summary
     assert "RAY_NUM_GPUS" in result.fix
 
 
 def test_resources_busy_is_a_warning():
-    result = doctor.check_resources([_node(1, free=0), _node(2)], nnodes=2, per_node=8, resource="GPU")
+    result = checks.check_resources([_node(1, free=0), _node(2)], nnodes=2, per_node=8, resource="GPU")
     assert result.status == WARN and "only 8 free" in result.summary
 
 
@@ -62,14 +62,14 @@ DRIVER = {"python": "3.12.3", "verl": "0.9.1", "torch": "2.11.0", "transformers"
 
 def test_versions_agree():
     nodes = [_node(1), _node(2)]
-    result = doctor.check_versions(DRIVER, {n.node_id: _probe(n) for n in nodes}, _labels(nodes))
+    result = checks.check_versions(DRIVER, {n.node_id: _probe(n) for n in nodes}, _labels(nodes))
     assert result.status == OK and "2 node(s) match" in result.summary
 
 
 def test_versions_mismatch_names_node_package_and_both_versions():
     nodes = [_node(1), _node(2)]
     probes = {nodes[0].node_id: _probe(nodes[0]), nodes[1].node_id: _probe(nodes[1], transformers="5.3.0")}
-    result = doctor.check_versions(DRIVER, probes, _labels(nodes))
+    result = checks.check_versions(DRIVER, probes, _labels(nodes))
     assert result.status == FAIL
     assert any("gpu2" in line and "transformers 5.3.0 (driver 5.10.4)" in line for line in result.details)
     assert "same image tag" in result.fix
@@ -79,7 +79,7 @@ def test_checkpoint_shared():
     nodes = [_node(1), _node(2)]
     probes = {n.node_id: _probe(n) for n in nodes}
     seen = {n.node_id: sorted(probes) for n in nodes}
-    result = doctor.check_checkpoint("/shared/ckpt", probes, seen, _labels(nodes))
+    result = checks.check_checkpoint("/shared/ckpt", probes, seen, _labels(nodes))
     assert result.status == OK
 
 
@@ -87,7 +87,7 @@ def test_checkpoint_not_shared_says_who_misses_whom():
     nodes = [_node(1), _node(2)]
     probes = {n.node_id: _probe(n) for n in nodes}
     seen = {n.node_id: [n.node_id] for n in nodes}  # every node sees only its own marker
-    result = doctor.check_checkpoint("/local/ckpt", probes, seen, _labels(nodes))
+    result = checks.check_checkpoint("/local/ckpt", probes, seen, _labels(nodes))
     assert result.status == FAIL and "not shared" in result.summary
     assert any("gpu1" in line and "gpu2" in line for line in result.details)
     assert "same path on every node" in result.fix
@@ -97,26 +97,27 @@ def test_checkpoint_unwritable_and_relative_and_missing():
     nodes = [_node(1), _node(2)]
     probes = {n.node_id: _probe(n) for n in nodes}
     probes[nodes[1].node_id]["marker_error"] = "PermissionError: [Errno 13] Permission denied"
-    result = doctor.check_checkpoint("/shared/ckpt", probes, {}, _labels(nodes))
+    result = checks.check_checkpoint("/shared/ckpt", probes, {}, _labels(nodes))
     assert result.status == FAIL and "not writable from 1 node(s)" in result.summary
     assert "Permission denied" in result.details[0]
 
-    relative = doctor.check_checkpoint("checkpoints/stapo", probes, {}, _labels(nodes))
+    relative = checks.check_checkpoint("checkpoints/stapo", probes, {}, _labels(nodes))
     assert relative.status == FAIL and "relative" in relative.summary
 
-    missing = doctor.check_checkpoint(None, probes, {}, _labels(nodes))
+    missing = checks.check_checkpoint(None, probes, {}, _labels(nodes))
     assert missing.status == FAIL and "--checkpoint-dir" in missing.fix
-    one = doctor.check_checkpoint(None, {nodes[0].node_id: probes[nodes[0].node_id]}, {}, _labels(nodes))
+    one = checks.check_checkpoint(None, {nodes[0].node_id: probes[nodes[0].node_id]}, {}, _labels(nodes))
     assert one.status == SKIP
 
 
 def test_plugin_missing_on_a_node():
     nodes = [_node(1), _node(2)]
-    results = {nodes[0].node_id: {"ok": True, "detail": "stapo.verl_plugin.losses.stapo_policy_loss"},
-               nodes[1].node_id: {"ok": False, "detail": "ValueError: Unsupported loss mode: stapo"}}
-    result = doctor.check_plugin(results, _labels(nodes))
+    missing = "RuntimeError: STAPO is not registered in verl in this process (missing: ['masked_clip'])"
+    results = {nodes[0].node_id: {"ok": True, "detail": "policy loss(es) masked_clip and trainer 'stapo'"},
+               nodes[1].node_id: {"ok": False, "detail": missing}}
+    result = checks.check_plugin(results, _labels(nodes))
     assert result.status == FAIL and "1 of 2 node(s)" in result.summary
-    assert any("gpu2" in line and "Unsupported loss mode" in line for line in result.details)
+    assert any("gpu2" in line and "not registered" in line for line in result.details)
     assert "pip install" in result.fix
 
 
@@ -126,20 +127,20 @@ def test_plugin_missing_on_a_node():
      ("^lo,docker", True), ("enp1s0,eth0", True)],
 )
 def test_interface_matching_follows_nccl_syntax(spec, ok):
-    assert doctor._ifname_matches(spec, ["eth0", "ib0", "lo"]) is ok
+    assert checks.ifname_matches(spec, ["eth0", "ib0", "lo"]) is ok
 
 
 def test_network_wrong_interface_fails():
     nodes = [_node(1), _node(2)]
     probes = {n.node_id: _probe(n) for n in nodes}
     probes[nodes[1].node_id]["env"]["NCCL_SOCKET_IFNAME"] = "bond0"
-    result = doctor.check_network(probes, _labels(nodes))
+    result = checks.check_network(probes, _labels(nodes))
     assert result.status == FAIL and any("NCCL_SOCKET_IFNAME=bond0" in line for line in result.details)
 
 
 def test_overrides_are_read_like_the_job(monkeypatch):
     monkeypatch.delenv("STAPO_CHECKPOINT_DIR", raising=False)
-    args, plan = doctor._parse(
+    args, plan = cli.parse_args(
         ["--address", "10.0.0.1:6379", "trainer.nnodes=4", "trainer.n_gpus_per_node=8",
          "trainer.default_local_dir=/shared/ckpt", "model_preset=qwen3_8b", "++ray_kwargs.ray_init.num_cpus=null"]
     )
@@ -151,7 +152,7 @@ def test_overrides_are_read_like_the_job(monkeypatch):
 def test_usage_errors_exit_2(capsys):
     for argv in (["--address", "http://10.0.0.1:8265"], ["trainer.nnodes"], ["--skip", "nope"]):
         with pytest.raises(SystemExit) as exc:
-            doctor._parse(argv)
+            cli.parse_args(argv)
         assert exc.value.code == 2
     assert "dashboard" in capsys.readouterr().err
 
@@ -164,7 +165,7 @@ def test_unreachable_address_fails_fast(capsys):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # bound, not listening: connections are refused
         started = time.monotonic()
-        assert doctor.main(["--address", f"127.0.0.1:{port}"]) == 2
+        assert cli.main(["--address", f"127.0.0.1:{port}"]) == 2
     assert time.monotonic() - started < 15
     err = capsys.readouterr().err
     assert "nothing answers" in err and "start_head.sh" in err
