@@ -8,9 +8,12 @@ Set ``stapo.run_dir=PATH`` on any run (CPU demo or GPU cluster) and it holds:
 * ``spurious_tokens.jsonl``: the silenced tokens of sampled steps (STAPO, ``source: old``).
 
 verl's file logger truncates its file when it opens it, so a resumed run would erase the metrics
-of the steps before the restart: ``prepare_run_dir`` renames an existing ``metrics.jsonl`` to
+of the steps before the restart: ``rotate_metrics`` renames an existing ``metrics.jsonl`` to
 ``metrics.prev-N.jsonl`` first, and ``read_metrics`` merges the segments (a step logged again after
 a resume replaces the earlier line).
+
+Pure: file names and readers only. Pointing verl's loggers at the folder (their environment
+variables, ``trainer.logger``) is verl knowledge and lives in ``stapo.verl_plugin.loggers``.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import json
 import re
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 METRICS_NAME = "metrics.jsonl"
+TENSORBOARD_NAME = "tensorboard"
+WANDB_NAME = "wandb"  # wandb makes this folder itself under the directory it is given
 _SEGMENT = re.compile(r"metrics\.prev-(\d+)\.jsonl$")
 
 
@@ -64,29 +69,6 @@ def read_metrics(run_dir: str | Path) -> dict[int, dict[str, float]]:
             merged = steps.setdefault(step, {})
             merged.update({k: v for k, v in record["data"].items() if isinstance(v, int | float)})
     return dict(sorted(steps.items()))
-
-
-def prepare_run_dir(config: DictConfig) -> Path | None:
-    """Point verl's loggers at ``stapo.run_dir`` (through the workers' environment) and keep old metrics."""
-    run_dir = (config.get("stapo") or {}).get("run_dir")
-    if not run_dir:
-        return None
-    run_dir = Path(run_dir).expanduser().resolve()  # the trainer runs in a Ray worker with another cwd
-    run_dir.mkdir(parents=True, exist_ok=True)
-    rotate_metrics(run_dir)
-    env = {
-        "VERL_FILE_LOGGER_PATH": str(run_dir / METRICS_NAME),
-        "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
-        "WANDB_DIR": str(run_dir),
-    }
-    with open_dict(config):
-        config.stapo.run_dir = str(run_dir)
-        loggers = list(config.trainer.logger) if not isinstance(config.trainer.logger, str) else [config.trainer.logger]
-        if "file" not in loggers:
-            config.trainer.logger = loggers + ["file"]
-        for key, value in env.items():
-            OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value, force_add=True)
-    return run_dir
 
 
 def write_config(config: DictConfig, run_dir: Path) -> Path:

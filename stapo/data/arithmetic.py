@@ -9,7 +9,7 @@ have mixed outcomes and there is something to learn in minutes.
 The prompt asks for the answer in ``\\boxed{}`` without the paper's "reason step by step", which
 makes the 135M model ramble past any short length limit. The split is decided by a hash of the
 problem itself (operation and operands), so a held-out problem never appears in training, whatever
-the seed or the row counts. Rows are in verl's RL parquet format (see ``stapo.data.synthetic``).
+the seed or the row counts. Rows are in verl's RL parquet format (``stapo.data.rows``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import hashlib
 import random
 from pathlib import Path
 
-from stapo.data.synthetic import write_rows
+from stapo.data.rows import rl_row, write_rows
 
 DATA_SOURCE = "stapo/arithmetic"
 HELD_OUT_PERCENT = 20  # share of the problem space reserved for the held-out split
@@ -91,15 +91,8 @@ def make_rows(count: int, split: str, seed: int = 0, level: str = "easy") -> lis
         if split_of(op, a, b) != split or key in seen:
             continue
         seen.add(key)
-        rows.append(
-            {
-                "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-                "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": answer},
-                "extra_info": {"split": split, "index": len(rows), "question": question, "op": op, "level": level},
-            }
-        )
+        extra = {"split": split, "index": len(rows), "question": question, "op": op, "level": level}
+        rows.append(rl_row(DATA_SOURCE, f"{question} {INSTRUCTION}", answer, extra))
     return rows
 
 

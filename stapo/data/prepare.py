@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
+from stapo.data.rows import rl_row, write_rows
+
 SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 QUESTION_FIELDS = ("problem", "question", "Problem", "Question", "prompt")
 ANSWER_FIELDS = ("answer", "final_answer", "Answer", "ground_truth", "expected_answer")
@@ -186,15 +188,8 @@ def convert(
         if reason:
             skipped.append({"file": origin, "row": number, "reason": reason})
             continue
-        out.append(
-            {
-                "data_source": f"stapo/{name}",
-                "prompt": [{"role": "user", "content": f"{question}\n\n{SUFFIX}"}],
-                "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": answer},
-                "extra_info": {"split": split, "index": len(out), "source_row": number, "benchmark": name},
-            }
-        )
+        extra = {"split": split, "index": len(out), "source_row": number, "benchmark": name}
+        out.append(rl_row(f"stapo/{name}", f"{question}\n\n{SUFFIX}", answer, extra))
     return out, skipped
 
 
@@ -208,8 +203,6 @@ def prepare(
     answer_field: str | None = None,
 ) -> dict:
     """Write ``<out_dir>/<name>/<split>.parquet`` (+ skipped rows) and return a summary."""
-    import pandas as pd
-
     if name not in SOURCES:
         raise DataError(f"unknown data set {name!r}; known: {', '.join(SOURCES)}")
     source = SOURCES[name]
@@ -231,11 +224,7 @@ def prepare(
     if not out:
         raise DataError(f"{origin}: no usable row among {rows_in} (skipped: {reasons})")
     target = Path(out_dir) / name
-    target.mkdir(parents=True, exist_ok=True)
-    parquet = target / f"{source.out_split}.parquet"
-    tmp = parquet.with_suffix(".parquet.tmp")
-    pd.DataFrame(out).to_parquet(tmp)
-    tmp.replace(parquet)
+    parquet = write_rows(target / f"{source.out_split}.parquet", out)
     with (target / f"{source.out_split}.skipped.jsonl").open("w", encoding="utf-8") as handle:
         for record in skipped:
             handle.write(json.dumps(record) + "\n")

@@ -1,14 +1,15 @@
 """A small synthetic math task in verl's parquet format, generated deterministically.
 
-Rows carry what verl's RL dataset and reward manager read: ``data_source``, ``prompt`` (chat
-messages), ``ability``, ``reward_model.ground_truth`` and ``extra_info``. Answers are integers
-the model must put in ``\\boxed{}``.
+Rows are verl's RL rows (``stapo.data.rows``); answers are integers the model must put in
+``\\boxed{}``.
 """
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+
+from stapo.data.rows import rl_row, write_rows
 
 DATA_SOURCE = "stapo/synthetic_arithmetic"
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -32,15 +33,8 @@ def make_rows(count: int, split: str, seed: int, max_operand: int = 50) -> list[
     rows = []
     for index in range(count):
         question, answer = make_problem(rng, max_operand)
-        rows.append(
-            {
-                "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": f"{question} {INSTRUCTION}"}],
-                "ability": "math",
-                "reward_model": {"style": "rule", "ground_truth": answer},
-                "extra_info": {"split": split, "index": index, "question": question},
-            }
-        )
+        extra = {"split": split, "index": index, "question": question}
+        rows.append(rl_row(DATA_SOURCE, f"{question} {INSTRUCTION}", answer, extra))
     return rows
 
 
@@ -49,17 +43,6 @@ def corpus_text(rows: list[dict]) -> list[str]:
     texts = [row["prompt"][0]["content"] for row in rows]
     texts += [f"The answer is \\boxed{{{row['reward_model']['ground_truth']}}}." for row in rows]
     return texts
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    """One parquet file, written next to its final name and renamed: readers never see half a file."""
-    import pandas as pd
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".parquet.tmp")
-    pd.DataFrame(rows).to_parquet(tmp)
-    tmp.replace(path)
-    return path
 
 
 def write_parquet(out_dir: str | Path, train: int = 256, val: int = 64, seed: int = 0) -> tuple[Path, Path]:

@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from stapo.masks import MaskSettings, get_token_mask
-from stapo.secrets import find_secrets
+from stapo.credentials import find_secrets
 from stapo.validation import STAPOConfigError, check_choice, check_positive_int, is_finite_number
 from stapo.verl_plugin.batch_checks import check_run_batches
 

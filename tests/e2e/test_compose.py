@@ -147,7 +147,7 @@ def test_cfg_job_prints_the_composed_config(preset, algo, expected):
     ],
 )
 def test_wandb_goes_to_the_workers_offline_unless_the_user_chose(monkeypatch, user_env, user_override, expected):
-    from recipe.stapo.main_stapo import keep_wandb_offline_unless_asked
+    from stapo.verl_plugin.loggers import keep_wandb_offline_unless_asked
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")

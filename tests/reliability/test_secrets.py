@@ -18,7 +18,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, open_dict
 
 from recipe.stapo.main_stapo import CONF_DIR
-from stapo.secrets import MASK, find_secrets, redact, redact_text, wandb_env_defaults
+from stapo.credentials import MASK, find_secrets, redact, redact_text
+from stapo.verl_plugin.loggers import wandb_env_defaults
 from stapo.validation import STAPOConfigError
 from stapo.verl_plugin.run_checks import validate_run_config
 

@@ -1,4 +1,4 @@
-"""Keep credentials out of everything a run writes down, and wandb offline unless asked.
+"""Find and mask credentials in configs and text, so nothing a run writes down carries one.
 
 Why: verl prints the whole resolved config (its TaskRunner), hands it to every tracking back-end
 (``wandb.init(config=...)``), and the recipe writes it to the run folder (``config.yaml``). A token
@@ -8,6 +8,7 @@ It never needs to: the workers of a local Ray instance inherit the driver's envi
 of a cluster the environment of ``ray start`` on their node. So the driver refuses such a config
 (:func:`find_secrets`, called by ``validate_run_config``) instead of trying to scrub every place it
 would be copied to; :func:`redact` is for any text or structure that is written anyway.
+(Named ``credentials``, not ``secrets``: a module of that name would shadow the standard library's.)
 """
 
 from __future__ import annotations
@@ -94,16 +95,3 @@ def redact(node: Any, environ: Mapping[str, str] | None = None) -> Any:
         return [redact(value, environ) for value in node]
     return redact_text(node, environ) if isinstance(node, str) else node
 
-
-def wandb_env_defaults(loggers: Any, runtime_env_vars: Mapping[str, Any] | None, environ=None) -> dict[str, str]:
-    """``{"WANDB_MODE": "offline"}`` when wandb is a logger and nobody chose its mode, else ``{}``.
-
-    wandb goes online as soon as it finds an API key (``WANDB_API_KEY`` or ``~/.netrc``) and then
-    uploads the config and the metrics; a run should do that only when the user asks for it, with
-    ``WANDB_MODE=online`` in the environment or in ``ray_kwargs.ray_init.runtime_env.env_vars``.
-    """
-    environ = os.environ if environ is None else environ
-    loggers = [loggers] if isinstance(loggers, str) else list(loggers or [])
-    if "wandb" not in loggers or "WANDB_MODE" in environ or "WANDB_MODE" in (runtime_env_vars or {}):
-        return {}
-    return {"WANDB_MODE": "offline"}
