@@ -1,12 +1,14 @@
-"""The DP-global threshold over real gloo process groups equals the single-process one.
+"""The DP-global thresholds over real gloo process groups equal the single-process ones.
 
-Each rank holds a different random shard (one rank with no candidate at all); the mask every rank
-computes with ``group=WORLD`` must equal, shard for shard, the mask of the concatenated batch
-computed in one process, and tau_h must equal numpy's quantile of all candidates.
+Each rank holds a different random shard (one rank with no candidate at all); for every entry of
+the token-mask registry, the mask every rank builds with ``group=WORLD`` must equal, shard for
+shard, the mask of the concatenated batch built in one process (and the loop reference), and
+tau_h / the 20-Entropy threshold must equal numpy's quantile over all ranks' tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -17,10 +19,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from stapo.loss import high_entropy_keep_mask
+from stapo.masks import TOKEN_MASK_REGISTRY, MaskInputs, MaskSettings, build_token_mask, high_entropy_keep
 from stapo.quantile import global_quantile
 from stapo.s2t import detect_spurious
+from tests.reference import REFERENCES
 from tests.unit.test_s2t import random_batch
+
+# thresholds that are global over the group; the other statistics describe the rank's own tokens
+GLOBAL_STATS = {"stapo": ("tau_h",), "entropy20": ("entropy_threshold",)}
+GLOBAL_COUNTS = ("num_candidates",)
 
 
 def _free_port() -> int:
@@ -42,14 +49,20 @@ def _worker(rank: int, world: int, port: int, results) -> None:
     try:
         log_prob, entropy, advantages, response_mask = _shard(rank)
         detection = detect_spurious(log_prob, entropy, advantages, response_mask, group=dist.group.WORLD)
-        keep = high_entropy_keep_mask(entropy, response_mask, 0.2, group=dist.group.WORLD)
+        keep, _ = high_entropy_keep(entropy, response_mask, 0.2, group=dist.group.WORLD)
         values = torch.randn(rank * 50, generator=torch.Generator().manual_seed(rank))  # rank 0: empty
+        masks = {}
+        for name in sorted(TOKEN_MASK_REGISTRY):
+            inputs = MaskInputs(response_mask, advantages, log_prob, entropy, dist.group.WORLD)
+            built = build_token_mask(inputs, MaskSettings(token_mask=name))
+            masks[name] = (built.drop_response.tolist(), built.drop_count.tolist(), built.counts, built.stats)
         results[rank] = {
             "spurious": detection.spurious.tolist(),
             "tau_h": detection.tau_h,
             "num_candidates": detection.num_candidates,
             "keep": keep.tolist(),
             "q": global_quantile(values, 0.3, dist.group.WORLD),
+            "masks": masks,
         }
     finally:
         dist.destroy_process_group()
@@ -68,7 +81,12 @@ def test_global_threshold_equals_single_process(world):
     shards = [_shard(rank) for rank in range(world)]
     log_prob, entropy, advantages, response_mask = (_pad_cat([s[k] for s in shards]) for k in range(4))
     single = detect_spurious(log_prob, entropy, advantages, response_mask)
-    single_keep = high_entropy_keep_mask(entropy, response_mask, 0.2)
+    single_keep, _ = high_entropy_keep(entropy, response_mask, 0.2)
+    union = {"response_mask": response_mask, "advantages": advantages, "log_prob": log_prob, "entropy": entropy}
+    union = {key: value.tolist() for key, value in union.items()}
+    single_masks = {
+        name: REFERENCES[name](union, dataclasses.asdict(MaskSettings(token_mask=name))) for name in TOKEN_MASK_REGISTRY
+    }
     all_values = torch.cat([torch.randn(r * 50, generator=torch.Generator().manual_seed(r)) for r in range(world)])
 
     offset = 0
@@ -81,5 +99,21 @@ def test_global_threshold_equals_single_process(world):
         assert got["keep"] == single_keep[offset : offset + rows].tolist()
         expected_q = float(np.quantile(all_values.double().numpy(), 0.3)) if all_values.numel() else math.nan
         assert got["q"] == expected_q or (math.isnan(got["q"]) and math.isnan(expected_q))
+        for name, (drop_response, drop_count, counts, stats) in got["masks"].items():
+            want = single_masks[name]
+            assert drop_response == want["drop_response"][offset : offset + rows], name
+            assert drop_count == want["drop_count"][offset : offset + rows], name
+            for key in GLOBAL_STATS.get(name, ()):
+                assert stats[key] == want["stats"][key] or (math.isnan(stats[key]) and math.isnan(want["stats"][key]))
+            for key in GLOBAL_COUNTS:
+                if key in counts:
+                    assert counts[key] == want["counts"][key], (name, key)
         offset += rows
-    assert single.spurious.any()
+    # additive counts: the ranks' sum is the union's (what the trainer's all-reduce relies on)
+    for name in TOKEN_MASK_REGISTRY:
+        for key, value in single_masks[name]["counts"].items():
+            if key in GLOBAL_COUNTS:
+                continue
+            total = sum(results[rank]["masks"][name][2][key] for rank in range(world))
+            assert total == pytest.approx(value, rel=1e-12 if key.startswith("grad_bound") else 0.0), (name, key)
+    assert single.spurious.any() and any(any(row) for row in single_masks["entropy20"]["drop_response"])

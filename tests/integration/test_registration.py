@@ -12,13 +12,13 @@ from verl.utils.config import omega_conf_to_dataclass
 from stapo.validation import STAPOConfigError
 from stapo.verl_plugin.config import STAPOPolicyLossConfig
 from stapo.verl_plugin.run_checks import validate_run_config
-from tests.integration.verl_batches import compose_verl, stapo_overrides
+from tests.integration.verl_batches import PL, compose_verl, stapo_overrides
 
 CHECK = (
     "import verl\n"
     "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
     "from verl.trainer.ppo.v1.trainer_base import get_trainer_cls\n"
-    "get_policy_loss_fn('stapo'); get_policy_loss_fn('entropy20')\n"
+    "get_policy_loss_fn('masked_clip')\n"
     "print('REGISTERED', get_trainer_cls('stapo').__name__)\n"
 )
 
@@ -68,14 +68,17 @@ def test_registered_inside_a_ray_worker():
         names = ray.get(probe.remote(), timeout=240)
     finally:
         ray.shutdown()
-    assert {"stapo", "entropy20", "vanilla", "trainer:stapo"} <= set(names)
+    assert {"masked_clip", "vanilla", "trainer:stapo"} <= set(names)
+    assert not {"stapo", "entropy20"} & set(names)  # masks are token_mask entries now, not losses
 
 
 def test_hydra_target_types_the_new_fields():
-    cfg = compose_verl(stapo_overrides(loss_mode="stapo", tau_p=0.003, entropy_quantile=0.8, source="current"))
+    cfg = compose_verl(stapo_overrides(token_mask="stapo", tau_p=0.003, entropy_quantile=0.8, source="current"))
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert isinstance(actor.policy_loss, STAPOPolicyLossConfig)
-    assert (actor.policy_loss.tau_p, actor.policy_loss.entropy_quantile, actor.policy_loss.source) == (0.003, 0.8, "current")
+    pl = actor.policy_loss
+    assert (pl.loss_mode, pl.token_mask) == ("masked_clip", "stapo")
+    assert (pl.tau_p, pl.entropy_quantile, pl.source) == (0.003, 0.8, "current")
 
 
 @pytest.mark.parametrize(
@@ -91,7 +94,7 @@ def test_hydra_target_types_the_new_fields():
     ],
 )
 def test_out_of_range_values_are_rejected_with_the_key_and_range(field, value, message):
-    cfg = compose_verl(stapo_overrides(loss_mode="stapo", **{field: value}))
+    cfg = compose_verl(stapo_overrides(token_mask="stapo", **{field: value}))
     with pytest.raises(STAPOConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
         validate_run_config(cfg)
     with pytest.raises(InstantiationException, match=field):
@@ -99,26 +102,26 @@ def test_out_of_range_values_are_rejected_with_the_key_and_range(field, value, m
 
 
 def test_source_current_without_entropy_says_how_to_turn_it_on():
-    cfg = compose_verl(stapo_overrides(loss_mode="stapo", source="current"))
+    cfg = compose_verl(stapo_overrides(token_mask="stapo", source="current"))
     with pytest.raises(STAPOConfigError, match="calculate_entropy=true"):
         validate_run_config(cfg)
-    cfg = compose_verl(stapo_overrides(loss_mode="stapo", source="current") + ["actor_rollout_ref.actor.calculate_entropy=true"])
+    cfg = compose_verl(stapo_overrides(token_mask="stapo", source="current") + ["actor_rollout_ref.actor.calculate_entropy=true"])
     validate_run_config(cfg)
 
 
 @pytest.mark.parametrize("agg", ["token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_current_source_refuses_other_aggregations_old_accepts_them(agg):
-    current = stapo_overrides(loss_mode="stapo", source="current") + [
+    current = stapo_overrides(token_mask="stapo", source="current") + [
         "actor_rollout_ref.actor.calculate_entropy=true",
         f"actor_rollout_ref.actor.loss_agg_mode={agg}",
     ]
     with pytest.raises(STAPOConfigError, match="token-mean only"):
         validate_run_config(compose_verl(current))
-    validate_run_config(compose_verl(stapo_overrides(loss_mode="stapo", source="old") + [f"actor_rollout_ref.actor.loss_agg_mode={agg}"]))
+    validate_run_config(compose_verl(stapo_overrides(token_mask="stapo", source="old") + [f"actor_rollout_ref.actor.loss_agg_mode={agg}"]))
 
 
 def test_bypass_mode_contradicts_source_old():
-    cfg = compose_verl(stapo_overrides(loss_mode="stapo") + ["algorithm.rollout_correction.bypass_mode=true"])
+    cfg = compose_verl(stapo_overrides(token_mask="stapo") + ["algorithm.rollout_correction.bypass_mode=true"])
     with pytest.raises(STAPOConfigError, match="bypass_mode"):
         validate_run_config(cfg)
 
@@ -127,7 +130,26 @@ def test_vanilla_runs_are_not_checked_for_stapo_fields():
     validate_run_config(compose_verl(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]))
 
 
-def test_stapo_loss_mode_without_the_typed_config_is_refused():
-    cfg = compose_verl(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.policy_loss.loss_mode=stapo"])
+def test_masked_clip_without_the_typed_config_is_refused():
+    cfg = compose_verl(
+        ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", f"{PL}.loss_mode=masked_clip"]
+    )
     with pytest.raises(STAPOConfigError, match="_target_=stapo.verl_plugin.config.STAPOPolicyLossConfig"):
         validate_run_config(cfg)
+
+
+@pytest.mark.parametrize("old_mode", ["stapo", "entropy20"])
+def test_loss_modes_of_earlier_versions_are_refused_with_the_new_spelling(old_mode):
+    cfg = compose_verl(stapo_overrides(loss_mode=old_mode))
+    with pytest.raises(STAPOConfigError) as error:
+        validate_run_config(cfg)
+    assert f"became loss_mode=masked_clip with token_mask={old_mode}" in str(error.value)
+
+
+@pytest.mark.parametrize("mask", ["stapo", "entropy20"])
+def test_a_token_mask_without_the_stapo_trainer_is_refused(mask):
+    """verl's own trainers never fold the mask: it would silently not be applied."""
+    cfg = compose_verl(stapo_overrides(trainer_mode="sync", token_mask=mask))
+    with pytest.raises(STAPOConfigError, match=f"token_mask={mask} needs trainer.v1.trainer_mode=stapo"):
+        validate_run_config(cfg)
+    validate_run_config(compose_verl(stapo_overrides(trainer_mode="sync", token_mask="none")))  # no mask: any trainer

@@ -29,11 +29,12 @@ def compose_verl(overrides: list[str]):
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
-def stapo_overrides(**policy_loss) -> list[str]:
+def stapo_overrides(trainer_mode: str = "stapo", **policy_loss) -> list[str]:
     """The typed policy_loss section with the registered ``masked_clip`` loss (unless ``loss_mode`` says
-    otherwise) and the given mask settings, STAPO's clip constants."""
+    otherwise) and the given mask settings, STAPO's clip constants, and the trainer that folds masks."""
     policy_loss = {"loss_mode": "masked_clip", **policy_loss}
     overrides = [
+        f"trainer.v1.trainer_mode={trainer_mode}",
         f"{PL}._target_={TARGET}",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.clip_ratio_low=0.2",

@@ -1,4 +1,6 @@
-"""The STAPO objective, its gradient, the 20-Entropy baseline and the gradient-norm identity."""
+"""The pure pieces of the objective (per-token clipped losses, masking, the refusal loss) and the
+gradient-norm identity, against float64 loops. The whole objective, with every registered mask,
+through verl's loss path: tests/integration/test_verl_loss_path.py."""
 
 from __future__ import annotations
 
@@ -8,10 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from stapo.gradnorm import effective_pg_weight, grad_norm_bounds, logit_grad_norm_sq
-from stapo.loss import clipped_pg_losses, entropy20_loss, high_entropy_keep_mask, stapo_loss
-from stapo.s2t import spurious_mask
-from tests.reference import reference_clipped_token_loss, reference_spurious, reference_stapo_loss
+from stapo.gradnorm import effective_pg_weight, grad_norm_bounds, grad_norm_sq_lower_bound, logit_grad_norm_sq
+from stapo.loss import (
+    clipped_pg_losses,
+    masked_pg_losses,
+    nan_gradient_loss,
+    nonfinite_report,
+    outside_mask_zeroed,
+)
+from tests.reference import reference_clipped_token_loss, reference_masked_loss
 from tests.unit.test_s2t import random_batch
 
 CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 10.0}
@@ -25,66 +32,69 @@ def with_old_policy(seed: int, rows: int = 12, cols: int = 40):
     return old_log_prob.double(), log_prob.double(), advantages.double(), response_mask, entropy.double()
 
 
-def reference_gradient(old_lp, lp, adv, response_mask, entropy, tau_p, q):
-    """d loss / d log_prob by hand: -A*rho/N where the unclipped branch is the active one, else 0."""
-    spurious, _ = reference_spurious(lp, entropy, adv, response_mask, tau_p, q)
-    valid = [(i, t) for i in range(len(lp)) for t in range(len(lp[0])) if response_mask[i][t] and not spurious[i][t]]
-    grad = [[0.0] * len(lp[0]) for _ in lp]
-    for i, t in valid:
-        raw = lp[i][t] - old_lp[i][t]
-        if abs(raw) >= 20.0:
-            continue  # the log-ratio clamp stops the gradient
-        ratio, a = math.exp(raw), adv[i][t]
-        unclipped, clipped = -a * ratio, -a * min(max(ratio, 0.8), 1.28)
-        if clipped > unclipped:
-            continue  # the clipped branch is constant in log_prob
-        if a < 0 and unclipped > -a * 10.0:
-            continue  # dual clip: constant
-        grad[i][t] = -a * ratio / len(valid)
-    return grad
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_stapo_loss_matches_loop_reference(seed):
-    old_lp, lp, adv, mask, entropy = with_old_policy(seed)
-    loss, metrics = stapo_loss(old_lp, lp, adv, mask, entropy, tau_p=0.002, entropy_quantile=0.75, **CLIP)
-    expected = reference_stapo_loss(
-        old_lp.tolist(), lp.tolist(), adv.tolist(), mask.tolist(), entropy.tolist(), 0.002, 0.75, 0.2, 0.28, 10.0
-    )
-    assert float(loss) == pytest.approx(expected, rel=1e-12, abs=1e-12)
-    assert metrics["num_spurious"] > 0  # the mask really changed the objective
-    assert metrics["num_valid"] == int(mask.sum()) - metrics["num_spurious"]
-
-
 @pytest.mark.parametrize("seed", range(4))
-def test_stapo_gradient_matches_hand_derivative(seed):
-    old_lp, lp, adv, mask, entropy = with_old_policy(seed)
+def test_masked_pg_losses_and_gradient_match_the_loop_reference(seed):
+    """Per token, over a mask: the clipped loss and d/d log_prob, 0 (value and gradient) outside the mask."""
+    old_lp, lp, adv, mask, _ = with_old_policy(seed)
     lp = lp.clone().requires_grad_(True)
-    loss, _ = stapo_loss(old_lp, lp, adv, mask, entropy, **CLIP)
-    loss.backward()
-    expected = reference_gradient(old_lp.tolist(), lp.detach().tolist(), adv.tolist(), mask.tolist(), entropy.tolist(), 0.002, 0.75)
-    np.testing.assert_allclose(lp.grad.numpy(), np.array(expected), rtol=1e-10, atol=1e-14)
-    silenced = spurious_mask(lp.detach(), entropy, adv, mask)
-    assert silenced.any() and (lp.grad[silenced] == 0).all()
+    losses, _ = masked_pg_losses(old_lp, lp, adv, mask, **CLIP)
+    losses.sum().backward()
+    keep = mask.tolist()
+    total, grad = reference_masked_loss(old_lp.tolist(), lp.detach().tolist(), adv.tolist(), keep, 1)
+    assert float(losses.sum().detach()) == pytest.approx(total, rel=1e-12)
+    np.testing.assert_allclose(lp.grad.numpy(), np.array(grad), rtol=1e-10, atol=1e-15)
+    assert (losses[~mask] == 0).all() and (lp.grad[~mask] == 0).all()
+    assert (lp.grad[mask] != 0).any() and (lp.grad[mask] == 0).any()  # both clipped and free tokens
 
 
-def test_gradient_flows_through_log_prob_only():
-    old_lp, lp, adv, mask, entropy = with_old_policy(3)
+def test_weights_scale_each_token_and_gradient_flows_through_log_prob_only():
+    old_lp, lp, adv, mask, _ = with_old_policy(3)
     lp = lp.clone().requires_grad_(True)
-    entropy = entropy.clone().requires_grad_(True)
-    old_lp = old_lp.clone().requires_grad_(True)
-    stapo_loss(old_lp, lp, adv, mask, entropy)[0].backward()
+    old_lp, adv = old_lp.clone().requires_grad_(True), adv.clone().requires_grad_(True)
+    weights = torch.rand(lp.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    plain, _ = masked_pg_losses(old_lp, lp, adv, mask, **CLIP)
+    weighted, _ = masked_pg_losses(old_lp, lp, adv, mask, weights=weights, **CLIP)
+    torch.testing.assert_close(weighted, plain * weights, rtol=1e-15, atol=0.0)
+    weighted.sum().backward()
     assert lp.grad is not None and lp.grad.abs().sum() > 0
-    assert entropy.grad is None and old_lp.grad is None
+    assert old_lp.grad is None and adv.grad is None  # data, not parameters
 
 
-def test_all_tokens_masked_gives_zero_loss_with_a_graph():
-    old_lp, lp, adv, mask, entropy = with_old_policy(0)
-    lp = lp.clone().requires_grad_(True)
-    loss, metrics = stapo_loss(old_lp, lp, adv, torch.zeros_like(mask), entropy)
-    assert float(loss.detach()) == 0.0 and metrics["mask_ratio"] == 0.0
+def test_nan_outside_the_mask_reaches_neither_the_loss_nor_the_gradient():
+    """The reason for outside_mask_zeroed: multiplying by the mask afterwards leaves NaN * 0 = NaN."""
+    old_lp, lp, adv, mask, _ = with_old_policy(2)
+    old_lp, lp, adv = old_lp.clone(), lp.clone(), adv.clone()
+    old_lp[~mask], lp[~mask], adv[~mask] = float("nan"), float("inf"), float("nan")
+    leaf = lp.requires_grad_(True)
+    losses, _ = masked_pg_losses(old_lp, leaf, adv, mask, **CLIP)
+    losses.sum().backward()
+    assert torch.isfinite(losses).all() and torch.isfinite(leaf.grad).all()
+    naive, _ = clipped_pg_losses(old_lp, lp.detach().requires_grad_(True), adv, **CLIP)
+    assert not torch.isfinite((naive * mask).sum())  # what the guard prevents
+    assert outside_mask_zeroed(mask, None) == [None]
+
+
+def test_nan_gradient_loss_is_nan_with_nan_gradient_on_every_kept_token():
+    """A refused micro-batch: NaN value and NaN gradient where kept (so the DP-global grad norm is NaN on
+    every rank and verl skips the step), 0 elsewhere (no path from padding)."""
+    _, lp, _, mask, _ = with_old_policy(0)
+    lp = lp.clone()
+    lp[~mask] = float("nan")
+    leaf = lp.requires_grad_(True)
+    loss = nan_gradient_loss(leaf, mask)
+    assert loss.dim() == 0 and math.isnan(float(loss))
     loss.backward()
-    assert (lp.grad == 0).all()
+    assert torch.isnan(leaf.grad[mask]).all() and (leaf.grad[~mask] == 0).all()
+
+
+def test_nonfinite_report_counts_each_input_over_loss_tokens_only():
+    _, lp, adv, mask, _ = with_old_policy(1)
+    lp, adv = lp.clone(), adv.clone()
+    i, t = mask.nonzero()[0].tolist()
+    lp[i, t], adv[~mask] = float("nan"), float("inf")  # one loss token, and padding that must not count
+    report = nonfinite_report(torch.tensor(float("nan")), mask, log_prob=lp, advantages=adv, weights=None)
+    assert f"among its {int(mask.sum())} loss tokens: {{'log_prob': 1, 'advantages': 0}}" in report
+    assert "skipped on every rank" in report
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -102,32 +112,6 @@ def test_dual_clip_constant_must_exceed_one():
     old_lp, lp, adv, _, _ = with_old_policy(0)
     with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
         clipped_pg_losses(old_lp, lp, adv, clip_ratio_c=1.0)
-
-
-@pytest.mark.parametrize("renormalise", [False, True])
-@pytest.mark.parametrize("seed", range(3))
-def test_entropy20_against_numpy(seed, renormalise):
-    old_lp, lp, adv, mask, entropy = with_old_policy(seed)
-    loss, metrics = entropy20_loss(old_lp, lp, adv, mask, entropy, top_fraction=0.2, renormalise=renormalise, **CLIP)
-    response_entropy = entropy[mask].numpy()
-    threshold = np.quantile(response_entropy, 0.8)
-    total, kept = 0.0, 0
-    for i in range(lp.shape[0]):
-        for t in range(lp.shape[1]):
-            if mask[i, t] and float(entropy[i, t]) >= threshold:
-                total += reference_clipped_token_loss(float(old_lp[i, t]), float(lp[i, t]), float(adv[i, t]), 0.2, 0.28, 10.0)
-                kept += 1
-    denominator = kept if renormalise else int(mask.sum())
-    assert float(loss) == pytest.approx(total / denominator, rel=1e-12)
-    assert metrics["keep_ratio"] == pytest.approx(kept / int(mask.sum()))
-    assert 0.19 <= metrics["keep_ratio"] <= 0.22
-
-
-def test_entropy20_ties_at_threshold_are_kept_and_empty_keeps_nothing():
-    entropy = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0]])
-    mask = torch.ones(1, 5, dtype=torch.bool)
-    assert high_entropy_keep_mask(entropy, mask, 0.2).all()
-    assert not high_entropy_keep_mask(entropy, torch.zeros_like(mask), 0.2).any()
 
 
 def _random_logits(seed, tokens=64, vocab=50):
@@ -177,3 +161,40 @@ def test_effective_weight_is_zero_where_clipped():
     adv = torch.tensor([1.0, 1.0, 1.0, -1.0, -1.0, -1.0])
     w = effective_pg_weight(ratio, adv, 0.2, 0.28)
     assert w.tolist() == [0.5, 1.0, 0.0, 0.0, -1.0, -1.5]
+
+
+def test_effective_weight_is_zero_in_the_dual_clip_region():
+    """A < 0 and ratio > c: verl's dual clip makes the loss the constant -A c, so no gradient flows."""
+    ratio = torch.tensor([2.0, 9.0, 11.0, 50.0, 11.0], dtype=torch.float64)
+    adv = torch.tensor([-1.0, -1.0, -1.0, -2.0, 1.0], dtype=torch.float64)
+    w = effective_pg_weight(ratio, adv, 0.2, 0.28, clip_ratio_c=10.0)
+    # without a dual clip (the earlier behaviour) the two tokens above c kept rho * A
+    assert w.tolist() == [-2.0, -9.0, 0.0, 0.0, 0.0]
+    assert effective_pg_weight(ratio, adv, 0.2, 0.28).tolist() == [-2.0, -9.0, -11.0, -100.0, 0.0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_effective_weight_is_the_autograd_weight_of_the_clipped_loss(seed):
+    """d loss / d log_prob of the clipped loss (dual clip included) is -rho A where the weight is rho A."""
+    old_lp, lp, adv, _, _ = with_old_policy(seed)
+    lp = lp.clone().requires_grad_(True)
+    losses, _ = clipped_pg_losses(old_lp, lp, adv, **CLIP)
+    losses.sum().backward()
+    ratio = torch.exp(lp.detach() - old_lp)
+    weight = effective_pg_weight(ratio, adv, 0.2, 0.28, clip_ratio_c=10.0)
+    inside = (lp.detach() - old_lp).abs() < 20.0
+    torch.testing.assert_close(lp.grad[inside], -weight[inside], rtol=1e-12, atol=1e-15)
+    assert ((adv < 0) & (ratio > 10.0)).any()  # the dual-clip region is exercised
+
+
+def test_grad_norm_lower_bound_is_the_closed_form_and_below_the_exact_norm():
+    logits, token_ids, weight = _random_logits(7, vocab=120)
+    probs = torch.softmax(logits, dim=-1)
+    entropy = -(probs * torch.log(probs)).sum(-1)
+    p = probs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    lower = grad_norm_sq_lower_bound(p, entropy, weight)
+    for k in range(len(p)):
+        w, pk, h = float(weight[k]), float(p[k]), float(entropy[k])
+        assert float(lower[k]) == pytest.approx(w * w * (1 - 2 * pk + math.exp(-h)), rel=1e-12)
+    assert (lower <= logit_grad_norm_sq(logits, token_ids, weight) * (1 + 1e-12)).all()
+    assert lower.dtype == torch.float64
