@@ -11,10 +11,12 @@ import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("stapo.demo.cli", "train a real small model with STAPO on CPU, with progress and plots"),
-    "plot": ("stapo.demo.plot", "draw reward / entropy / mask-ratio plots from one or more run folders"),
+    "plot": ("stapo.demo.plot", "draw reward / entropy / mask-ratio plots from run folders, grouped with seed bands"),
+    "sweep": ("stapo.sweep.cli", "run a grid of overrides x seeds, one run folder each, and compare them"),
     "data": ("stapo.data.cli", "prepare DAPO-Math-17k and the six benchmarks in verl's parquet format"),
     "eval": ("stapo.eval.cli", "avg@N evaluation of a checkpoint on the paper's benchmarks"),
-    "doctor": ("stapo.doctor", "preflight checks of a Ray cluster before a multi-node run"),
+    "export": ("stapo.export", "a saved checkpoint step as a Hugging Face model folder with a model card"),
+    "doctor": ("stapo.doctor", "preflight checks of a Ray cluster (--smoke: a 2-step GPU run) before a big job"),
 }
 
 

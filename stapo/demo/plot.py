@@ -1,8 +1,13 @@
 """`stapo plot RUN_DIR [RUN_DIR ...]`: the paper's training curves from any runs' logged metrics.
 
-Reads each run folder's ``metrics.jsonl`` segments (``stapo.run_dir``; CPU demo or GPU cluster) and
-draws one PNG per quantity with one line per run, so runs compare the way the paper's figures do:
-reward and accuracy, policy entropy, and STAPO's mask ratio and entropy threshold tau_h.
+Reads each run folder's ``metrics.jsonl`` segments (``stapo.run_dir``; CPU demo or GPU cluster), or
+a run that logged only to wandb in offline mode (its ``wandb/offline-run-*`` log), and draws one PNG
+per quantity: reward and accuracy, policy entropy, and STAPO's mask ratio and entropy threshold tau_h.
+
+Runs are grouped by algorithm (the ``stapo sweep`` cell, a config key given with ``--group-by``, or
+the folder name without its seed, see ``stapo.sweep.runs``): one line per group, the mean over its
+seeds, with a band of +- one standard error where two or more seeds logged the step. ``--per-run``
+draws one line per folder instead. ``comparison.md`` / ``.json`` next to the PNGs hold the numbers.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from stapo.rundir import read_metrics
+from stapo.sweep.compare import mean_se
+from stapo.sweep.runs import RunData, group_runs, load_run, read_run_metrics
 
 
 @dataclass(frozen=True)
@@ -104,8 +110,72 @@ def summary_rows(runs: dict[str, dict[int, dict[str, float]]]) -> list[str]:
     return rows
 
 
+def group_series(runs: list[RunData], keys: tuple[str, ...]) -> tuple[list[int], list[float], list[float | None]]:
+    """Steps, mean and standard error over the group's runs (each run's first key of ``keys`` it logged)."""
+    per_step: dict[int, list[float]] = {}
+    for run in runs:
+        found = series(run.steps, keys)
+        if found is not None:
+            for step, value in zip(found[1], found[2], strict=True):
+                per_step.setdefault(step, []).append(value)
+    steps = sorted(per_step)
+    stats = [mean_se(per_step[step]) for step in steps]
+    return steps, [m for m, _, _ in stats], [se for _, se, _ in stats]
+
+
+def draw_groups(groups: dict[str, list[RunData]], out_dir: Path) -> list[Path]:
+    """One PNG per figure with data: per group its mean over seeds and a +- s.e. band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, panels in FIGURES.items():
+        fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3 * len(panels)), squeeze=False)
+        drawn = 0
+        for ax, panel in zip(axes[:, 0], panels, strict=True):
+            for label, runs in groups.items():
+                steps, means, ses = group_series(runs, panel.keys)
+                if not steps:
+                    continue
+                (line,) = ax.plot(steps, means, marker="o", markersize=3, label=f"{label} (n={len(runs)})")
+                lows = [m - se if se is not None else m for m, se in zip(means, ses, strict=True)]
+                highs = [m + se if se is not None else m for m, se in zip(means, ses, strict=True)]
+                if any(se is not None for se in ses):
+                    ax.fill_between(steps, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
+                drawn += 1
+            ax.set_title(panel.title)
+            ax.set_xlabel("step")
+            ax.set_ylabel(panel.ylabel)
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend(title="mean ± s.e. over seeds", fontsize="small", title_fontsize="small")
+            else:
+                ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
+        if drawn:
+            fig.tight_layout()
+            path = out_dir / f"{name}.png"
+            fig.savefig(path, dpi=100)
+            written.append(path)
+        plt.close(fig)
+    return written
+
+
+def plot_groups(run_dirs: list[Path], out_dir: Path, group_by: str | None = None) -> list[Path]:
+    """Grouped figures plus comparison.md / comparison.json (mean +- s.e. per group)."""
+    from stapo.sweep.compare import write_comparison
+
+    groups = group_runs([load_run(path, group_by) for path in run_dirs])
+    written = draw_groups(groups, out_dir)
+    write_comparison(groups, out_dir, {"run_dirs": [str(p) for p in run_dirs]})
+    print((out_dir / "comparison.md").read_text(encoding="utf-8"))
+    return written + [out_dir / "comparison.md", out_dir / "comparison.json"]
+
+
 def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
-    runs = {label: read_metrics(path) for label, path in zip(run_labels(run_dirs), run_dirs, strict=True)}
+    runs = {label: read_run_metrics(path) for label, path in zip(run_labels(run_dirs), run_dirs, strict=True)}
     written = draw(runs, out_dir)
     table = "\n".join(summary_rows(runs)) + "\n"
     (out_dir / "summary.md").write_text(table, encoding="utf-8")
@@ -117,12 +187,18 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="stapo plot", description=__doc__)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run folders (stapo.run_dir of each run)")
     parser.add_argument("--out", type=Path, help="where the PNGs go (default: RUN_DIR/plots of the first run)")
+    parser.add_argument("--group-by", metavar="CONFIG_KEY", help="group by this key of each run's config.yaml")
+    parser.add_argument("--per-run", action="store_true", help="one line per run folder, no grouping")
     args = parser.parse_args(argv)
     for path in args.run_dirs:
-        if not path.is_dir():
-            parser.error(f"{path}: not a folder")
+        if not path.exists():
+            parser.error(f"{path}: does not exist")
+    out = args.out or (args.run_dirs[0] if args.run_dirs[0].is_dir() else args.run_dirs[0].parent) / "plots"
     try:
-        written = plot_runs(args.run_dirs, args.out or args.run_dirs[0] / "plots")
+        if args.per_run:
+            written = plot_runs(args.run_dirs, out)
+        else:
+            written = plot_groups(args.run_dirs, out, args.group_by)
     except FileNotFoundError as error:
         parser.error(str(error))
     for path in written:

@@ -1,0 +1,155 @@
+"""The comparison a sweep writes: per group of runs (one grid cell, several seeds), mean +- standard error.
+
+Per run: final and best held-out accuracy, final training reward, the entropy trajectory, the mean
+mask ratio and the wall time. Per group: the mean over seeds and its standard error (sample standard
+deviation with ddof=1 over sqrt(n); undefined, written ``-`` / null, for a single seed). Groups are
+compared on the same quantities; the entropy trajectory is averaged step by step over the seeds that
+logged that step. Pure Python on the run folders' metrics (no verl, no torch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from stapo.eval.val_metrics import benchmark_val_metrics
+from stapo.sweep.runs import RunData
+
+ACC = "val/average/acc"
+ENTROPY = "actor/entropy"
+MASK = "actor/stapo/mask_ratio"
+REWARD = ("critic/score/mean", "critic/rewards/mean")
+STEP_TIME = "timing_s/step"
+QUANTITIES = ("final_acc", "best_acc", "final_reward", "entropy_first", "entropy_last", "mask_ratio", "wall_s")
+
+
+def mean_se(values: list[float]) -> tuple[float | None, float | None, int]:
+    """(mean, standard error of the mean, n) of the finite values; se is None below two values."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return None, None, 0
+    mean = math.fsum(finite) / n
+    if n < 2:
+        return mean, None, n
+    variance = math.fsum((v - mean) ** 2 for v in finite) / (n - 1)
+    return mean, math.sqrt(variance / n), n
+
+
+def accuracy_series(steps: dict[int, dict[str, float]]) -> dict[int, float]:
+    """Held-out accuracy per validated step: ``val/average/acc``, else derived from ``val-core/...`` keys."""
+    out = {}
+    for step, metrics in steps.items():
+        if ACC in metrics:
+            out[step] = metrics[ACC]
+        elif (derived := benchmark_val_metrics(metrics).get(ACC)) is not None:
+            out[step] = derived
+    return out
+
+
+def key_series(steps: dict[int, dict[str, float]], key: str) -> dict[int, float]:
+    return {step: metrics[key] for step, metrics in steps.items() if key in metrics}
+
+
+@dataclass
+class RunSummary:
+    run: RunData
+    values: dict[str, float | None]
+    entropy: dict[int, float]
+
+    def to_json(self) -> dict:
+        return {
+            "run_dir": str(self.run.path),
+            "seed": self.run.seed,
+            "steps_trained": self.steps_trained,
+            **self.values,
+            "entropy_trajectory": {str(k): v for k, v in self.entropy.items()},
+        }
+
+    @property
+    def steps_trained(self) -> int:
+        return sum(1 for metrics in self.run.steps.values() if STEP_TIME in metrics)
+
+
+def summarize_run(run: RunData) -> RunSummary:
+    acc = accuracy_series(run.steps)
+    entropy = key_series(run.steps, ENTROPY)
+    mask = list(key_series(run.steps, MASK).values())
+    reward = next((s for key in REWARD if (s := key_series(run.steps, key))), {})
+    timing = key_series(run.steps, STEP_TIME)
+    wall = run.record.get("seconds")
+    values = {
+        "final_acc": acc[max(acc)] if acc else None,
+        "best_acc": max(acc.values()) if acc else None,
+        "final_reward": reward[max(reward)] if reward else None,
+        "entropy_first": entropy[min(entropy)] if entropy else None,
+        "entropy_last": entropy[max(entropy)] if entropy else None,
+        "mask_ratio": math.fsum(mask) / len(mask) if mask else None,
+        # the sweep's own clock (start-up included) where it ran the run, else the logged step times
+        "wall_s": float(wall) if wall is not None else (math.fsum(timing.values()) if timing else None),
+    }
+    return RunSummary(run, values, entropy)
+
+
+def summarize_group(name: str, runs: list[RunData]) -> dict:
+    summaries = [summarize_run(run) for run in runs]
+    stats = {}
+    for quantity in QUANTITIES:
+        mean, se, n = mean_se([s.values[quantity] for s in summaries])
+        stats[quantity] = {"mean": mean, "se": se, "n": n}
+    all_steps = sorted({step for s in summaries for step in s.entropy})
+    trajectory = {"step": [], "mean": [], "se": [], "n": []}
+    for step in all_steps:
+        mean, se, n = mean_se([s.entropy[step] for s in summaries if step in s.entropy])
+        for key, value in zip(("step", "mean", "se", "n"), (step, mean, se, n), strict=True):
+            trajectory[key].append(value)
+    return {
+        "group": name,
+        "seeds": [s.run.seed for s in summaries],
+        "steps_trained": [s.steps_trained for s in summaries],
+        "stats": stats,
+        "entropy_trajectory": trajectory,
+        "runs": [s.to_json() for s in summaries],
+    }
+
+
+def _cell(stat: dict, digits: int) -> str:
+    if stat["mean"] is None:
+        return "-"
+    text = f"{stat['mean']:.{digits}f}"
+    return text + (f" ± {stat['se']:.{digits}f}" if stat["se"] is not None else "")
+
+
+def markdown_table(groups: list[dict]) -> str:
+    header = (
+        "| group | seeds | steps | final held-out acc | best held-out acc | final train reward "
+        "| entropy first -> last | mask ratio | wall time (s) |"
+    )
+    rows = [header, "|---|---|---|---|---|---|---|---|---|"]
+    for group in groups:
+        s = group["stats"]
+        seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
+        steps = "/".join(str(n) for n in sorted(set(group["steps_trained"])))
+        entropy = f"{_cell(s['entropy_first'], 3)} -> {_cell(s['entropy_last'], 3)}"
+        rows.append(
+            f"| {group['group']} | {seeds} | {steps} | {_cell(s['final_acc'], 3)} | {_cell(s['best_acc'], 3)} "
+            f"| {_cell(s['final_reward'], 3)} | {entropy} | {_cell(s['mask_ratio'], 4)} | {_cell(s['wall_s'], 0)} |"
+        )
+    note = (
+        "\nmean ± standard error over seeds (sample std / sqrt(n); no ± with one seed). Held-out accuracy: "
+        f"`{ACC}` (or derived from `val-core/*/acc/mean@n`), '-' when no validation ran. Mask ratio: "
+        f"mean over steps of `{MASK}` ('-' for algorithms without the S2T mask).\n"
+    )
+    return "\n".join(rows) + "\n" + note
+
+
+def write_comparison(groups: dict[str, list[RunData]], out_dir: Path, meta: dict | None = None) -> dict:
+    """``comparison.md`` and ``comparison.json`` in ``out_dir``; returns the JSON document."""
+    summary = [summarize_group(name, runs) for name, runs in groups.items()]
+    document = {**(meta or {}), "acc_key": ACC, "groups": summary}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "comparison.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "comparison.md").write_text(markdown_table(summary), encoding="utf-8")
+    return document

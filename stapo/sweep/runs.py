@@ -1,0 +1,97 @@
+"""One run folder as the bench sees it: its metrics per step, its group (algorithm / grid cell) and seed.
+
+Metrics come from the folder's ``metrics.jsonl`` segments (``stapo.run_dir``) or, when a run logged
+only to wandb in offline mode, from its ``wandb/offline-run-*`` log (``stapo.wandb_offline``).
+
+The group of a run, in order of precedence: the grid cell ``stapo sweep`` wrote into
+``sweep_run.json``; the value of a config key (``group_by``, read from the run's ``config.yaml``);
+the folder name without a trailing seed (``stapo-seed2`` -> ``stapo``), or, for a folder named
+only by its seed (``runs/stapo/seed-2``), its parent's name.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stapo.rundir import metric_segments, read_metrics
+from stapo.wandb_offline import read_history, wandb_files
+
+SWEEP_RECORD = "sweep_run.json"
+_SEED_SUFFIX = re.compile(r"^(?P<stem>.*?)(?:^|[-_.=])(?:seed|s)[-_=]?(?P<seed>\d+)$", re.IGNORECASE)
+
+
+@dataclass
+class RunData:
+    path: Path
+    steps: dict[int, dict[str, float]]
+    group: str
+    seed: int | None
+    record: dict = field(default_factory=dict)  # sweep_run.json, when the sweep ran it
+
+
+def read_run_metrics(path: str | Path) -> dict[int, dict[str, float]]:
+    """metrics.jsonl if the folder has it, else its wandb offline log."""
+    path = Path(path)
+    if path.is_dir() and metric_segments(path):
+        return read_metrics(path)
+    if wandb_files(path):
+        return read_history(path)
+    raise FileNotFoundError(f"{path}: neither metrics.jsonl nor a wandb offline run (wandb/offline-run-*)")
+
+
+def read_record(path: Path) -> dict:
+    file = path / SWEEP_RECORD
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return {}
+
+
+def config_value(path: Path, key: str):
+    """A dotted key of the run's resolved ``config.yaml`` (None when absent)."""
+    file = path / "config.yaml"
+    if not file.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(OmegaConf.load(file), key, default=None)
+
+
+def name_and_seed(path: Path) -> tuple[str, int | None]:
+    """Group name and seed from the folder's name (see the module docstring)."""
+    match = _SEED_SUFFIX.match(path.name)
+    if match is None:
+        return path.name, None
+    stem = match.group("stem") or path.parent.name
+    return stem, int(match.group("seed"))
+
+
+def load_run(path: str | Path, group_by: str | None = None) -> RunData:
+    path = Path(path).resolve()
+    record = read_record(path) if path.is_dir() else {}
+    name, seed = name_and_seed(path)
+    if group_by:
+        value = config_value(path, group_by)
+        group = f"{group_by.rsplit('.', 1)[-1]}={value}" if value is not None else name
+    else:
+        group = record.get("cell") or name
+    if record.get("seed") is not None:
+        seed = int(record["seed"])
+    elif seed is None and (data_seed := config_value(path, "data.seed")) is not None:
+        seed = int(data_seed)
+    return RunData(path, read_run_metrics(path), group, seed, record)
+
+
+def group_runs(runs: list[RunData]) -> dict[str, list[RunData]]:
+    """Runs by group, groups in first-seen order, runs by seed inside a group."""
+    groups: dict[str, list[RunData]] = {}
+    for run in runs:
+        groups.setdefault(run.group, []).append(run)
+    for members in groups.values():
+        members.sort(key=lambda run: (run.seed is None, run.seed or 0, str(run.path)))
+    return groups

@@ -1,0 +1,255 @@
+"""The sweep's grid, statistics, run-folder reading (metrics.jsonl and wandb offline) and grouped plots.
+
+Fast: no trainer. Run folders are written the way verl's file logger writes them; the wandb run is
+a real one, logged by the wandb package in offline mode (no network).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stapo.demo.plot import group_series, plot_groups
+from stapo.sweep.compare import mean_se, summarize_group, write_comparison
+from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan, split_values
+from stapo.sweep.runs import group_runs, load_run, name_and_seed
+from stapo.validation import STAPOConfigError
+from stapo.wandb_offline import read_history, read_records, wandb_files
+
+
+def write_metrics(run_dir: Path, rows: dict[int, dict[str, float]], record: dict | None = None) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": step, "data": data}) for step, data in rows.items()]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if record is not None:
+        (run_dir / "sweep_run.json").write_text(json.dumps(record), encoding="utf-8")
+    return run_dir
+
+
+# --- grid ------------------------------------------------------------------------------------------
+
+
+def test_values_split_at_top_level_commas_only():
+    assert split_values("stapo,grpo") == ["stapo", "grpo"]
+    assert split_values("[console,file],[console]") == ["[console,file]", "[console]"]
+    assert split_values("'a,b',c") == ["'a,b'", "c"]
+
+
+@pytest.mark.parametrize("text", ["algo", "algo=", "=a,b", "algo=a,,b", "algo=a,a"])
+def test_bad_axis_names_the_problem(text):
+    with pytest.raises(STAPOConfigError, match="--grid"):
+        parse_axis(text)
+
+
+@pytest.mark.parametrize("text", ["1,x", "1,1", "-1"])
+def test_bad_seeds_are_refused(text):
+    with pytest.raises(STAPOConfigError, match="--seeds"):
+        parse_seeds(text)
+
+
+def test_plan_is_the_product_of_axes_and_seeds(tmp_path):
+    axes = [parse_axis("algo=stapo,grpo"), parse_axis("actor_rollout_ref.actor.policy_loss.tau_p=1e-3,2e-3")]
+    runs = plan(axes, [1, 2, 3], tmp_path)
+    assert len(runs) == 2 * 2 * 3
+    assert len({run.run_dir for run in runs}) == len(runs)
+    first = runs[0]
+    assert first.cell == "algo=stapo,tau_p=1e-3" and first.seed == 1
+    assert first.run_dir == (tmp_path / "runs" / "algo-stapo__tau_p-1e-3" / "seed-1").resolve()
+    overrides = first.overrides(["model_preset=tiny", "algo=grpo"])
+    # the grid and the seed come after the common overrides, so they win
+    assert overrides.index("algo=stapo") > overrides.index("algo=grpo")
+    assert "data.seed=1" in overrides and "actor_rollout_ref.rollout.seed=1" in overrides
+    assert f"stapo.run_dir={first.run_dir}" in overrides and "trainer.resume_mode=auto" in overrides
+    assert not any("=" in part or "," in part for part in first.run_dir.parts[-2:])  # a valid override value
+
+
+def test_plan_refuses_seed_keys_and_twice_the_same_key(tmp_path):
+    with pytest.raises(STAPOConfigError, match="--seeds"):
+        plan([parse_axis("data.seed=1,2")], [1], tmp_path)
+    with pytest.raises(STAPOConfigError, match="same key"):
+        plan([parse_axis("algo=a,b"), parse_axis("+algo=c")], [1], tmp_path)
+
+
+def test_ambiguous_leaf_names_keep_the_whole_key(tmp_path):
+    runs = plan([parse_axis("a.x=1,2"), parse_axis("b.x=3")], [0], tmp_path)
+    assert runs[0].cell == "a.x=1,b.x=3"
+    assert isinstance(runs[0], PlannedRun) and plan([], [5], tmp_path)[0].cell == "base"
+
+
+# --- statistics ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [[0.1], [0.1, 0.4], [0.25, 0.5, 0.125, 1.0], [3.0, float("nan"), 5.0]])
+def test_mean_se_matches_statistics(values):
+    finite = [v for v in values if not np.isnan(v)]
+    mean, se, n = mean_se(values)
+    assert n == len(finite) and mean == pytest.approx(statistics.fmean(finite))
+    if n < 2:
+        assert se is None
+    else:
+        assert se == pytest.approx(statistics.stdev(finite) / np.sqrt(n))
+    assert mean_se([]) == (None, None, 0)
+
+
+def _two_seeds(tmp_path):
+    a = write_metrics(
+        tmp_path / "stapo-seed1",
+        {
+            1: {
+                "val/average/acc": 0.2,
+                "actor/entropy": 1.0,
+                "actor/stapo/mask_ratio": 0.01,
+                "timing_s/step": 10.0,
+                "critic/score/mean": -0.5,
+            },
+            2: {
+                "val/average/acc": 0.6,
+                "actor/entropy": 0.8,
+                "actor/stapo/mask_ratio": 0.03,
+                "timing_s/step": 12.0,
+                "critic/score/mean": 0.0,
+            },
+            3: {
+                "val/average/acc": 0.4,
+                "actor/entropy": 0.7,
+                "actor/stapo/mask_ratio": 0.02,
+                "timing_s/step": 11.0,
+                "critic/score/mean": 0.5,
+            },
+        },
+    )
+    b = write_metrics(
+        tmp_path / "stapo-seed2",
+        {
+            1: {
+                "val-core/stapo/aime24/acc/mean@4": 0.1,
+                "val-core/stapo/amc23/acc/mean@4": 0.3,
+                "actor/entropy": 1.2,
+                "actor/stapo/mask_ratio": 0.05,
+                "timing_s/step": 9.0,
+                "critic/score/mean": -0.25,
+            },
+            2: {
+                "val-core/stapo/aime24/acc/mean@4": 0.5,
+                "val-core/stapo/amc23/acc/mean@4": 0.7,
+                "actor/entropy": 1.0,
+                "actor/stapo/mask_ratio": 0.07,
+                "timing_s/step": 9.0,
+                "critic/score/mean": 0.25,
+            },
+        },
+        record={"cell": "algo=stapo", "seed": 2, "seconds": 123.0},
+    )
+    return a, b
+
+
+def test_group_summary_against_a_hand_computation(tmp_path):
+    a, b = _two_seeds(tmp_path)
+    runs = [load_run(a), load_run(b)]
+    assert [r.group for r in runs] == ["stapo", "algo=stapo"]  # the sweep's record wins over the folder name
+    summary = summarize_group("stapo", runs)
+    stats = summary["stats"]
+    # seed 1: last validated step 3 -> 0.4, best 0.6; seed 2: val-core average (0.5+0.7)/2 = 0.6, best 0.6
+    assert stats["final_acc"]["mean"] == pytest.approx(0.5)
+    assert stats["final_acc"]["se"] == pytest.approx(np.std([0.4, 0.6], ddof=1) / np.sqrt(2))
+    assert stats["best_acc"]["mean"] == pytest.approx(0.6) and stats["best_acc"]["se"] == pytest.approx(0.0)
+    assert stats["mask_ratio"]["mean"] == pytest.approx((0.02 + 0.06) / 2)
+    assert stats["final_reward"]["mean"] == pytest.approx((0.5 + 0.25) / 2)
+    assert stats["entropy_first"]["mean"] == pytest.approx(1.1) and stats["entropy_last"]["mean"] == pytest.approx(0.85)
+    # wall time: the sweep's clock where recorded (123 s), else the sum of step times (33 s)
+    assert stats["wall_s"]["mean"] == pytest.approx((33.0 + 123.0) / 2)
+    trajectory = summary["entropy_trajectory"]
+    assert trajectory["step"] == [1, 2, 3] and trajectory["n"] == [2, 2, 1]
+    assert trajectory["mean"] == pytest.approx([1.1, 0.9, 0.7]) and trajectory["se"][2] is None
+
+
+def test_comparison_files(tmp_path):
+    a, b = _two_seeds(tmp_path)
+    c = write_metrics(tmp_path / "grpo-seed1", {1: {"actor/entropy": 0.5, "timing_s/step": 5.0}})
+    groups = group_runs([load_run(p) for p in (c, a, b)])
+    document = write_comparison({"stapo": groups["stapo"] + groups["algo=stapo"], "grpo": groups["grpo"]}, tmp_path)
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| stapo | 1,2 | 2/3 | 0.500 ± 0.100 |" in table
+    assert "| grpo | 1 | 1 | - | - | - | 0.500 -> 0.500 | - | 5 |" in table
+    assert json.loads((tmp_path / "comparison.json").read_text()) == json.loads(json.dumps(document))
+
+
+def test_names_and_seeds_of_folders():
+    assert name_and_seed(Path("x/stapo-seed3")) == ("stapo", 3)
+    assert name_and_seed(Path("runs/grpo/seed-2")) == ("grpo", 2)
+    assert name_and_seed(Path("x/qwen3")) == ("qwen3", None)
+
+
+# --- wandb offline ---------------------------------------------------------------------------------
+
+WANDB_RUN = """
+import wandb
+run = wandb.init(project="bench", dir={dir!r}, config={{"algo": "stapo"}})
+for step in range(1, 4):
+    run.log({{"val/average/acc": 0.1 * step, "actor/entropy": 1.0 / step, "note": "text"}}, step=step)
+run.log({{"actor/stapo/mask_ratio": 0.5}}, step=3)
+run.finish()
+"""
+
+
+@pytest.fixture(scope="module")
+def wandb_run_dir(tmp_path_factory):
+    """A real wandb run in offline mode (what verl's wandb logger writes with WANDB_MODE=offline)."""
+    root = tmp_path_factory.mktemp("wandb_run")
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DISABLE_GIT="true")
+    env.pop("WANDB_API_KEY", None)
+    subprocess.run([sys.executable, "-c", WANDB_RUN.format(dir=str(root))], env=env, check=True, timeout=300)
+    return root
+
+
+def test_wandb_offline_history_is_read_without_network(wandb_run_dir):
+    files = wandb_files(wandb_run_dir)
+    assert len(files) == 1 and files[0].parent.name.startswith("offline-run-")
+    history = read_history(wandb_run_dir)
+    assert sorted(history) == [1, 2, 3]
+    assert history[2]["val/average/acc"] == pytest.approx(0.2) and history[3]["actor/entropy"] == pytest.approx(1 / 3)
+    assert history[3]["actor/stapo/mask_ratio"] == 0.5  # a second log at the same step merges
+    assert "note" not in history[1] and not any(k.startswith("_") for k in history[1])
+    kinds = [r.WhichOneof("record_type") for r in read_records(files[0])]
+    assert kinds[0] == "header" and "exit" in kinds
+
+
+def test_a_torn_wandb_log_keeps_the_records_before_the_tear(wandb_run_dir, tmp_path):
+    data = wandb_files(wandb_run_dir)[0].read_bytes()
+    torn = tmp_path / "run-torn.wandb"
+    torn.write_bytes(data[: len(data) - 40])
+    whole = list(read_records(wandb_files(wandb_run_dir)[0]))
+    assert 0 < len(list(read_records(torn))) < len(whole)
+    bad = tmp_path / "run-bad.wandb"
+    bad.write_bytes(b"not a wandb log at all")
+    with pytest.raises(ValueError, match="not a wandb run log"):
+        list(read_records(bad))
+
+
+def test_plot_reads_a_wandb_run_and_groups_with_seed_bands(wandb_run_dir, tmp_path):
+    a, b = _two_seeds(tmp_path)
+    out = tmp_path / "plots"
+    written = plot_groups([a, b, wandb_run_dir], out)
+    assert {p.name for p in written} >= {"reward.png", "entropy.png", "mask.png", "comparison.md"}
+    groups = group_runs([load_run(p) for p in (a, b)])
+    steps, means, ses = group_series(groups["stapo"] + groups["algo=stapo"], ("actor/entropy",))
+    assert steps == [1, 2, 3] and means == pytest.approx([1.1, 0.9, 0.7]) and ses[0] == pytest.approx(0.1)
+    grouped = group_runs([load_run(p, group_by="trainer.nonexistent") for p in (a, b)])
+    assert set(grouped) == {"stapo"}  # an absent key falls back to the folder name
+
+
+def test_stapo_plot_command(tmp_path):
+    a, b = _two_seeds(tmp_path)
+    from stapo.cli import main
+
+    assert main(["plot", str(a), str(b), "--out", str(tmp_path / "p")]) == 0
+    assert (tmp_path / "p" / "entropy.png").stat().st_size > 1000
+    assert main(["plot", str(a), "--per-run", "--out", str(tmp_path / "q")]) == 0
+    assert (tmp_path / "q" / "summary.md").exists()
