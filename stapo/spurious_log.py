@@ -1,7 +1,9 @@
-"""Human-readable records of silenced tokens (the paper's word clouds, as data).
+"""The silenced-token log: its record format, which tokens a step keeps, the file, its summary.
 
-Pure: takes token ids, the mask and per-token statistics, and a ``decode`` callable, so it works
-with any tokenizer and with tensors from the driver or from an analysis pass.
+One record per silenced token (the paper's word clouds, as data): the token, a few tokens of
+context either side, its probability and entropy. Pure: takes token ids, the mask, per-token
+statistics and a ``decode`` callable, so the trainer (``stapo.verl_plugin.run_log``, which reads
+verl's batch), the S2T analysis and ``stapo demo`` all write and read the same thing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+
+LOG_NAME = "spurious_tokens.jsonl"
+SUMMARY_NAME = "spurious_summary.md"
 
 
 def spurious_records(
@@ -46,6 +51,31 @@ def spurious_records(
     return records
 
 
+def spread_evenly(spurious: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    """A copy of the mask keeping at most ``max_tokens`` of its tokens, evenly spread in batch order.
+
+    The k silenced tokens (row-major order) are cut into ``max_tokens`` equal runs and the middle
+    one of each run is kept: deterministic, and a capped step shows tokens from the whole batch
+    (every prompt group, early and late positions), not only its first rows.
+    """
+    keep = torch.zeros_like(spurious, dtype=torch.bool)
+    positions = spurious.reshape(-1).nonzero().squeeze(1)
+    count = positions.numel()
+    if max_tokens <= 0 or count == 0:
+        return keep
+    if count > max_tokens:
+        middles = (2 * torch.arange(max_tokens, device=positions.device) + 1) * count // (2 * max_tokens)
+        positions = positions[middles]
+    keep.view(-1)[positions] = True
+    return keep
+
+
+def valid_lengths(response_mask: torch.Tensor) -> list[int]:
+    """Per row, one past the last valid token (0 for an empty row): where the padding starts."""
+    positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    return (response_mask.bool() * positions).amax(dim=1).tolist()
+
+
 def most_frequent(records: Iterable[dict], top: int = 20) -> list[tuple[str, int]]:
     """The most often silenced token strings (whitespace-stripped, so ' 7' and '7' count together)."""
     return Counter(record["token"].strip() or record["token"] for record in records).most_common(top)
@@ -58,3 +88,27 @@ def append_jsonl(path: Path, records: Iterable[dict]) -> None:
         for record in records:
             handle.write(json.dumps(record) + "\n")  # ASCII: no raw U+2028 to split lines
         handle.flush()
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of a log file; a torn last line (a killed run) is skipped."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").split("\n"):  # not splitlines(): U+2028 may be in text
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # also the empty string after the last newline
+            continue
+    return records
+
+
+def write_summary(run_dir: Path, top: int = 15) -> list[tuple[str, int]]:
+    """``spurious_summary.md`` beside a run's log (the most often silenced tokens, as a table)."""
+    path = Path(run_dir) / LOG_NAME
+    if not path.exists():
+        return []
+    records = read_records(path)
+    frequent = most_frequent(records, top)
+    lines = [f"# Silenced tokens: {len(records)} logged", "", "| token | times |", "|---|---|"]
+    lines += [f"| `{token!s}` | {count} |" for token, count in frequent]
+    (Path(run_dir) / SUMMARY_NAME).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return frequent

@@ -1,56 +1,39 @@
 """S2T analysis of a real model: sample groups, score them, and show what STAPO would silence.
 
-One forward pass, no training: rollouts at temperature 1 (as in the paper), a rule reward,
-group-relative advantages, the model's own per-token probabilities and full-vocabulary entropies,
-then the S2T mask and its diagnostics. This is the first half of a STAPO step, on a CPU.
+One forward pass, no training: rollouts at temperature 1 (as in the paper) on the demo's arithmetic
+task (``stapo.data.arithmetic``), the demo's reward (``stapo.reward.arithmetic``), verl's own GRPO
+advantages, the model's per-token probabilities and full-vocabulary entropies, then the S2T mask
+and its diagnostics. This is the first half of a STAPO step, on a CPU.
+
+The advantage is verl's ``compute_grpo_outcome_advantage`` itself, not a copy: the analysis then
+scores tokens exactly as the trainer does (unbiased std, its epsilon, one-response groups). The
+pure core cannot import verl; this demo module can, and the trainer's process loads verl anyway.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from stapo.data.arithmetic import DATA_SOURCE, make_rows
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
+from stapo.models.generation import load_for_generation
+from stapo.reward.arithmetic import compute_score
 from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
 
-ANSWER_SUFFIX = "Put the final answer in \\boxed{}."
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
+def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """GRPO advantages, one per response (groups of ``group_size`` consecutive responses), by verl's code."""
+    import numpy as np
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-@dataclass(frozen=True)
-class Problem:
-    prompt: str
-    answer: str
-
-
-def arithmetic_problems(count: int, seed: int = 0) -> list[Problem]:
-    """Easy additions (one- and two-digit operands): mixed outcomes within a group at T=1."""
-    rng = random.Random(seed)
-    problems = []
-    for _ in range(count):
-        a, b = rng.randint(1, 30), rng.randint(1, 30)
-        problems.append(Problem(f"What is {a} + {b}? {ANSWER_SUFFIX}", str(a + b)))
-    return problems
-
-
-def final_number_reward(text: str, answer: str) -> float:
-    """+1 when the last number of the reply is the answer, else -1 (lenient, for a 135M model)."""
-    numbers = _NUMBER.findall(text.replace(",", ""))
-    return 1.0 if numbers and numbers[-1].rstrip("0").rstrip(".") == answer else -1.0
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO: (r - group mean) / (group std + eps), one value per response."""
-    grouped = rewards.view(-1, group_size)
-    mean = grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.ones_like(mean)
-    return ((grouped - mean) / (std + eps)).view(-1)
+    scores = rewards.float().unsqueeze(-1)  # one "token" holding the outcome reward
+    index = np.arange(len(rewards)) // group_size
+    advantages, _ = compute_grpo_outcome_advantage(scores, torch.ones_like(scores), index)
+    return advantages.squeeze(-1)
 
 
 def token_log_prob_and_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,27 +53,15 @@ def analyze(
     tau_p: float = 0.002,
     entropy_quantile: float = 0.75,
     seed: int = 0,
+    level: str = "easy",
 ) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     torch.manual_seed(seed)
     started = time.time()
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    # the generation config knows the chat's end token (the tokenizer's eos may be the BOS-like one)
-    eos_ids = model.generation_config.eos_token_id
-    eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [tokenizer.eos_token_id])
-    pad_id = model.generation_config.pad_token_id
-    pad_id = eos_ids[0] if pad_id is None else pad_id
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad_id)
+    model, tokenizer, ids = load_for_generation(model_path)
+    eos_ids, pad_id = ids.eos_ids, ids.pad_id
 
-    problems = arithmetic_problems(prompts, seed)
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p.prompt}], tokenize=False, add_generation_prompt=True)
-        for p in problems
-    ]
+    problems = make_rows(prompts, "train", seed, level)
+    texts = [tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) for row in problems]
     encoded = tokenizer(texts, return_tensors="pt", padding=True)
     print(f"[analyze] sampling {prompts} prompts x {group_size} responses at temperature 1.0 ...", flush=True)
     with torch.no_grad():
@@ -116,8 +87,9 @@ def analyze(
         log_prob, entropy = token_log_prob_and_entropy(logits, responses)
 
     decoded = [tokenizer.decode(row[mask], skip_special_tokens=True) for row, mask in zip(responses, response_mask)]
-    answers = [p.answer for p in problems for _ in range(group_size)]
-    rewards = torch.tensor([final_number_reward(text, answer) for text, answer in zip(decoded, answers)])
+    answers = [row["reward_model"]["ground_truth"] for row in problems for _ in range(group_size)]
+    scores = [compute_score(DATA_SOURCE, text, answer) for text, answer in zip(decoded, answers)]
+    rewards = torch.tensor([score["score"] for score in scores])
     advantages = group_advantages(rewards, group_size)
     token_advantages = advantages.unsqueeze(-1).expand_as(log_prob)
 
@@ -125,8 +97,8 @@ def analyze(
     built = build_token_mask(MaskInputs(response_mask, token_advantages, log_prob, entropy), settings)
     metrics = finalize_metrics(get_token_mask("stapo"), built.counts, built.stats)
     metrics.update(
-        accuracy=float((rewards > 0).float().mean()),
-        mixed_groups=int(((rewards.view(-1, group_size) > 0).float().std(dim=1) > 0).sum()),
+        accuracy=sum(score["acc"] for score in scores) / len(scores),
+        mixed_groups=int((rewards.view(-1, group_size).std(dim=1) > 0).sum()),
         response_tokens=int(response_mask.sum()),
         seconds=round(time.time() - started, 1),
     )

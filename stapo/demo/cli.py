@@ -149,25 +149,11 @@ def s2t_overrides(args, algo: str) -> list[str]:
     return [f"{prefix}tau_p={args.tau_p}", f"{prefix}entropy_quantile={args.entropy_quantile}"]
 
 
-def summarize_spurious(run_dir: Path, top: int = 15) -> list[tuple[str, int]]:
-    """Most often silenced tokens of a run, written next to its log (the paper's word cloud, as a table)."""
-    from stapo.spurious_log import most_frequent
-
-    path = run_dir / "spurious_tokens.jsonl"
-    if not path.exists():
-        return []
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    frequent = most_frequent(records, top)
-    lines = [f"# Silenced tokens: {len(records)} logged", "", "| token | times |", "|---|---|"]
-    lines += [f"| `{token!s}` | {count} |" for token, count in frequent]
-    (run_dir / "spurious_summary.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return frequent
-
-
 def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
     from stapo.demo.progress import format_duration
     from stapo.demo.train import run_trainer
     from stapo.rundir import read_metrics
+    from stapo.spurious_log import write_summary
 
     run_dir = (root / algo).resolve()
     print(
@@ -198,7 +184,7 @@ def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
         f"held-out accuracy {summary['heldout_acc_before']} -> {summary['heldout_acc_after']}",
         flush=True,
     )
-    frequent = summarize_spurious(run_dir)
+    frequent = write_summary(run_dir)
     if frequent:
         shown = ", ".join(f"{token!r} x{count}" for token, count in frequent[:10])
         print(f"[{algo}] most often silenced tokens: {shown} (all in {run_dir / 'spurious_tokens.jsonl'})", flush=True)
@@ -230,6 +216,7 @@ def run_analysis(args) -> int:
         tau_p=args.tau_p,
         entropy_quantile=args.entropy_quantile,
         seed=args.seed,
+        level=args.level,
     )
     print(f"\n[demo] wrote {out}/s2t_analysis.json and {out}/spurious_tokens.jsonl")
     return 0

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from stapo.models.generation import load_for_generation
+
 
 class HFGenerator:
     """Batched sampling with transformers; slow but runs on a laptop CPU."""
 
     def __init__(self, model_path: str, batch_size: int = 16):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.tokenizer.padding_side = "left"
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-        eos = self.model.generation_config.eos_token_id
-        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [self.tokenizer.eos_token_id])
-        pad = self.model.generation_config.pad_token_id
-        self.pad_id = self.eos_ids[0] if pad is None else pad
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.pad_id)
+        self.model, self.tokenizer, ids = load_for_generation(model_path)
+        self.eos_ids, self.pad_id = ids.eos_ids, ids.pad_id
         self.batch_size = batch_size
 
     @torch.no_grad()

@@ -1,7 +1,9 @@
 """What the STAPO trainer writes beside verl's metrics: silenced tokens and reward extra info.
 
 Both run inside the trainer (verl's TaskRunner process), which holds the tokenizer and the whole
-batch after advantages. Files go to ``stapo.run_dir``; put it on shared storage in a cluster.
+batch after advantages. Files go to ``stapo.run_dir``; put it on shared storage in a cluster. The
+record format, the selection and the file are ``stapo.spurious_log``'s; this is the glue that reads
+verl's batch (``old_log_probs``, ``entropy``, ``response_mask``).
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ from typing import Any
 
 import torch
 
-from stapo.spurious_log import append_jsonl, spurious_records
-
-SPURIOUS_LOG_NAME = "spurious_tokens.jsonl"
+from stapo.spurious_log import LOG_NAME, append_jsonl, spread_evenly, spurious_records, valid_lengths
 
 
 @dataclass(frozen=True)
@@ -33,20 +33,17 @@ class SpuriousTokenLog:
         run_dir = stapo_config.get("run_dir") if stapo_config else None
         settings = (stapo_config.get("spurious_log") if stapo_config else None) or {}
         every = int(settings.get("every", 1))
-        path = Path(run_dir) / SPURIOUS_LOG_NAME if run_dir and every > 0 else None
+        path = Path(run_dir) / LOG_NAME if run_dir and every > 0 else None
         return cls(path, every, int(settings.get("max_tokens", 200)), int(settings.get("context", 6)))
 
     def wants(self, step: int) -> bool:
         return self.path is not None and step % self.every == 0
 
     def write(self, step: int, responses: torch.Tensor, spurious: torch.Tensor, padded, tokenizer) -> None:
-        """Append this step's records (the first ``max_tokens`` in batch order) and flush."""
-        if self.max_tokens <= 0 or not bool(spurious.any()):
+        """Append this step's records (at most ``max_tokens``, spread over the batch) and flush."""
+        keep = spread_evenly(spurious, self.max_tokens)
+        if not bool(keep.any()):
             return
-        keep = spurious.clone()
-        flat = keep.view(-1)
-        positions = flat.nonzero().squeeze(1)
-        flat[positions[self.max_tokens :]] = False
         records = spurious_records(
             responses,
             keep,
@@ -55,15 +52,9 @@ class SpuriousTokenLog:
             lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             context=self.context,
             step=step,
-            lengths=_last_valid_position(padded["response_mask"]),
+            lengths=valid_lengths(padded["response_mask"]),
         )
         append_jsonl(self.path, records)
-
-
-def _last_valid_position(response_mask: torch.Tensor) -> list[int]:
-    """Per row, one past the last valid token (0 for an empty row): where the padding starts."""
-    positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
-    return (response_mask.bool() * positions).amax(dim=1).tolist()
 
 
 def reward_extra_means(extra_fields: list) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The pure pieces of the S2T analysis demo: rewards, advantages, entropies, the silenced-token log."""
+"""The pieces of the S2T analysis demo: advantages (verl's, against a loop), entropies, the silenced-token log."""
 
 from __future__ import annotations
 
@@ -7,23 +7,8 @@ import json
 import pytest
 import torch
 
-from stapo.demo.analyze import _response_mask, final_number_reward, group_advantages, token_log_prob_and_entropy
+from stapo.demo.analyze import _response_mask, group_advantages, token_log_prob_and_entropy
 from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
-
-
-@pytest.mark.parametrize(
-    "text, answer, expected",
-    [
-        ("12 + 35 = 47", "47", 1.0),
-        ("The answer is \\boxed{47}.", "47", 1.0),
-        ("47, no wait, 48", "47", -1.0),
-        ("no number here", "47", -1.0),
-        ("It is 1,047", "1047", 1.0),
-        ("47.0", "47", 1.0),
-    ],
-)
-def test_final_number_reward(text, answer, expected):
-    assert final_number_reward(text, answer) == expected
 
 
 def test_group_advantages_match_a_loop():

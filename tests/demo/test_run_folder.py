@@ -11,6 +11,7 @@ import torch
 from stapo.demo.plot import plot_runs, run_labels, series
 from stapo.demo.progress import Progress, format_duration, parse_step_line, parse_steps
 from stapo.rundir import metric_segments, read_metrics, rotate_metrics
+from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, spread_evenly, write_summary
 from stapo.verl_plugin.run_log import SpuriousTokenLog, reward_extra_means
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -138,8 +139,8 @@ def test_spurious_token_log_caps_tokens_and_decodes_context(tmp_path):
     assert not log.wants(1) and log.wants(2)
     responses = torch.arange(12).view(2, 6)
     spurious = torch.zeros(2, 6, dtype=torch.bool)
-    spurious[0, [1, 4]] = True
-    spurious[1, [0, 5]] = True
+    spurious[0, [0, 4]] = True
+    spurious[1, [0, 2, 3, 5]] = True
     response_mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])  # row 0: padding at position 5
     padded = {
         "old_log_probs": torch.full((2, 6), -7.0),
@@ -148,8 +149,9 @@ def test_spurious_token_log_caps_tokens_and_decodes_context(tmp_path):
     }
     log.write(2, responses, spurious, padded, _CharTokenizer())
     records = [json.loads(line) for line in (tmp_path / "spurious_tokens.jsonl").read_text().splitlines()]
-    assert [(r["sample"], r["position"]) for r in records] == [(0, 1), (0, 4), (1, 0)]  # capped at 3, batch order
-    assert records[1] == {
+    # capped at 3 of 6: the middle token of each third of the batch, not the first three
+    assert [(r["sample"], r["position"]) for r in records] == [(0, 4), (1, 2), (1, 5)]
+    assert records[0] == {
         "step": 2,
         "sample": 0,
         "position": 4,
@@ -159,9 +161,34 @@ def test_spurious_token_log_caps_tokens_and_decodes_context(tmp_path):
         "prob": pytest.approx(torch.exp(torch.tensor(-7.0)).item()),
         "entropy": 0.5,
     }
-    assert spurious.sum() == 4  # the caller's mask is not modified
+    assert spurious.sum() == 6  # the caller's mask is not modified
 
 
 def test_spurious_token_log_is_off_without_a_run_dir_or_with_every_zero(tmp_path):
     assert not SpuriousTokenLog.from_config({}).wants(1)
     assert not SpuriousTokenLog.from_config({"run_dir": str(tmp_path), "spurious_log": {"every": 0}}).wants(0)
+
+
+def test_a_capped_log_spreads_evenly_over_the_whole_batch():
+    """Issue 11: a cap of N kept the first N tokens, i.e. the first prompts of the batch only."""
+    spurious = torch.zeros(100, 50, dtype=torch.bool)
+    spurious[:, ::5] = True  # 1,000 silenced tokens, 10 per response
+    kept = spread_evenly(spurious, 20)
+    assert kept.sum() == 20 and not (kept & ~spurious).any()
+    flat = spurious.view(-1).nonzero().squeeze(1)
+    expected = flat[[(2 * i + 1) * 1000 // 40 for i in range(20)]]  # the middle of each 50-token run
+    assert kept.view(-1).nonzero().squeeze(1).tolist() == expected.tolist()
+    rows = kept.nonzero()[:, 0]
+    assert rows.min() < 5 and rows.max() >= 95 and rows.unique().numel() == 20
+    assert torch.equal(spread_evenly(spurious, 20), kept)  # deterministic
+    assert torch.equal(spread_evenly(spurious, 5000), spurious)  # under the cap: everything
+    assert not spread_evenly(spurious, 0).any()
+
+
+def test_summary_reads_the_log_and_skips_a_torn_line(tmp_path):
+    append_jsonl(tmp_path / LOG_NAME, [{"token": " 7"}, {"token": "7"}, {"token": "so"}])
+    with (tmp_path / LOG_NAME).open("a") as handle:
+        handle.write('{"token": "tor')  # a run killed mid-write
+    assert write_summary(tmp_path, top=1) == [("7", 2)]
+    assert "| `7` | 2 |" in (tmp_path / SUMMARY_NAME).read_text() and "3 logged" in (tmp_path / SUMMARY_NAME).read_text()
+    assert write_summary(tmp_path / "missing") == []
