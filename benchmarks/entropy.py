@@ -18,6 +18,9 @@ log-probs. Interleaved; medians. Variants:
   (``entropy_checkpointing: true``): the softmax is recomputed in backward instead of kept.
 - ``logp+H no-grad``: entropy under ``torch.no_grad`` (what STAPO's detection needs: it detaches the
   entropy). Not a verl option: shown as the lower bound of what the current-source entropy must cost.
+- ``logp+H detached``: what ``STAPOLossFn`` does with ``entropy_coeff == 0``: verl's engine computes
+  the entropy with its graph, the wrapper replaces it in the model-output dict by a detached copy, so
+  the softmax behind it is released before the backward pass.
 
 verl compiles the entropy function with ``torch.compile`` by default on GPU (``use_torch_compile``);
 these eager figures are what the CPU back-end runs.
@@ -33,15 +36,19 @@ from verl.utils.torch_functional import (
     logprobs_from_logits,
 )
 
-from benchmarks.common import interleaved, measure_memory
+from benchmarks.common import fmt_bytes, fmt_num, interleaved, md_row, measure_memory
 
 VOCAB = 151936
-VARIANTS = ("logp", "logp+H", "logp+H chunked", "logp+H ckpt", "logp+H no-grad")
+VARIANTS = ("logp", "logp+H", "logp+H chunked", "logp+H ckpt", "logp+H no-grad", "logp+H detached")
 
 
 def _entropy(variant: str, logits: torch.Tensor, chunk: int):
     if variant == "logp+H":
         return entropy_from_logits(logits)
+    if variant == "logp+H detached":
+        model_output = {"entropy": entropy_from_logits(logits)}  # as verl's engine hands it over
+        model_output["entropy"] = model_output["entropy"].detach()  # stapo.verl_plugin.losses.STAPOLossFn
+        return model_output["entropy"]
     if variant == "logp+H chunked":
         return entropy_from_logits_with_chunking(logits, chunk_size=chunk)
     if variant == "logp+H ckpt":
@@ -108,3 +115,39 @@ def run(
         for row in rows:
             row["mem_ratio_vs_logp"] = row["peak_tensor_bytes"] / mem["logp"].peak_tensor_bytes
     return rows
+
+
+# ---------------------------------------------------------------- its section of BENCHMARKS.md
+
+NAME = "entropy"
+TITLE = "3. Entropy in the update forward (`source: current`) at vocabulary 151,936"
+SIZES = {"quick": dict(tokens=64, chunk=16, repeats=2), "full": dict(tokens=256, chunk=64, repeats=5)}
+
+
+def measure(device, **size) -> list[dict]:
+    return run(device=device, **size)
+
+
+def render(rows: list[dict]) -> str:
+    first = rows[0]
+    lines = [
+        f"{first['tokens']:,} tokens x vocabulary {first['vocab']:,}, fp32 logits ({fmt_bytes(first.get('logits_bytes'))}), "
+        f"chunk size {first['chunk']} for the chunked variant.",
+        "",
+        "| variant | median ms | ms per 1k tokens | spread | ratio vs logp | peak tensor memory | memory vs logp |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
+        lines.append(
+            md_row(
+                r["variant"],
+                fmt_num(r["median_ms"]),
+                fmt_num(r["ms_per_1k_tokens"]),
+                fmt_num(r["spread"]),
+                fmt_num(r["ratio_vs_logp"], 3),
+                f"{fmt_bytes(r.get('peak_tensor_bytes'))}{cuda}",
+                fmt_num(r.get("mem_ratio_vs_logp"), 3),
+            )
+        )
+    return "\n".join(lines)

@@ -33,9 +33,12 @@ def logit_grad_norm_sq(logits: torch.Tensor, token_ids: torch.Tensor, weight: to
     return weight.to(torch.float64) ** 2 * (1.0 - 2.0 * p + collision_probability(logits))
 
 
-def grad_norm_sq_lower_bound(p: torch.Tensor, entropy: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``w^2 (1 - 2p + e^-H)``: the lower bound, which needs no vocabulary size (the S2T diagnostics use it)."""
-    p, entropy, w2 = p.to(torch.float64), entropy.to(torch.float64), weight.to(torch.float64) ** 2
+def grad_norm_sq_lower_bound(
+    p: torch.Tensor, entropy: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """``w^2 (1 - 2p + e^-H)``: the lower bound, which needs no vocabulary size (the S2T diagnostics
+    use it, in the batch's own ``dtype`` to avoid a float64 copy of the batch)."""
+    p, entropy, w2 = p.to(dtype), entropy.to(dtype), weight.to(dtype) ** 2
     return w2 * (1.0 - 2.0 * p + torch.exp(-entropy))
 
 

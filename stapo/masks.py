@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from stapo.gradnorm import grad_norm_sq_lower_bound
-from stapo.quantile import global_quantile, linear_quantile
+from stapo.quantile import global_quantile, group_size, less_than, masked_quantiles
 from stapo.s2t import broadcast_advantages, detect_spurious
 from stapo.validation import (
     STAPOConfigError,
@@ -186,6 +186,11 @@ def finalize_metrics(spec: MaskSpec, counts: dict[str, float], stats: dict[str, 
     return metrics
 
 
+def count(mask: torch.Tensor) -> float:
+    """Number of True values (``count_nonzero``: many times faster than ``sum`` on a CPU bool tensor)."""
+    return float(torch.count_nonzero(mask))
+
+
 def common_counts(inputs: MaskInputs, drop_response: torch.Tensor, drop_count: torch.Tensor) -> dict[str, float]:
     """Token counts every entry reports; degenerate inputs are counted, never silently absorbed.
 
@@ -195,23 +200,24 @@ def common_counts(inputs: MaskInputs, drop_response: torch.Tensor, drop_count: t
     """
     mask, advantages = inputs.response_mask, inputs.advantages
     counts = {
-        "num_response_tokens": float(mask.sum()),
-        "num_dropped": float((mask & drop_response).sum()),
-        "num_loss_tokens_expected": float((mask & ~drop_count).sum()),
-        "num_zero_advantage": float((mask & (advantages == 0)).sum()),
-        "nonfinite_advantage": float((mask & ~torch.isfinite(advantages)).sum()),
-        "empty_responses": float((~mask.any(dim=-1)).sum()) if mask.dim() > 1 else float(not mask.any()),
+        "num_response_tokens": count(mask),
+        "num_dropped": count(mask & drop_response),
+        "num_loss_tokens_expected": count(mask & ~drop_count),
+        "num_zero_advantage": count(mask & (advantages == 0)),
+        "nonfinite_advantage": count(mask & ~torch.isfinite(advantages)),
+        "empty_responses": count(~mask.any(dim=-1)) if mask.dim() > 1 else float(not mask.any()),
     }
     if inputs.entropy is not None:
-        counts["nonfinite_entropy"] = float((mask & ~torch.isfinite(inputs.entropy)).sum())
+        counts["nonfinite_entropy"] = count(mask & ~torch.isfinite(inputs.entropy))
     if inputs.log_prob is not None:
-        counts["nonfinite_log_prob"] = float((mask & ~torch.isfinite(inputs.log_prob)).sum())
+        counts["nonfinite_log_prob"] = count(mask & ~torch.isfinite(inputs.log_prob))
     return counts
 
 
 def entropy_percentiles(entropy: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    values = entropy[mask & torch.isfinite(entropy)]
-    return {f"entropy_p{round(p * 100)}": linear_quantile(values, p) for p in ENTROPY_PERCENTILES}
+    """p50/p80/p95 of the response tokens' finite entropies, exact, in one pass (``masked_quantiles``)."""
+    values = masked_quantiles(entropy, mask & torch.isfinite(entropy), ENTROPY_PERCENTILES)
+    return {f"entropy_p{round(p * 100)}": value for p, value in zip(ENTROPY_PERCENTILES, values)}
 
 
 @register_token_mask("none", sources=("old", "current"))
@@ -239,32 +245,38 @@ def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
         log_prob, entropy, advantages, mask, settings.tau_p, settings.entropy_quantile, inputs.group
     )
     spurious = detection.spurious
+    # full-batch elementwise ops in the batch's dtype, never a gather or a float64 copy of the batch:
+    # at the paper's 31M response tokens those dominate the driver's time (benchmarks/mask_build.py)
     positive = mask & (advantages > 0)
-    prob = torch.exp(log_prob.to(torch.float64))
-    low_prob = prob < settings.tau_p
-    finite = torch.isfinite(entropy)
+    prob = torch.exp(log_prob)
+    low_prob = positive & (prob < settings.tau_p)  # the candidate rule, in detect_spurious's dtype
     # section 4: the quadrants split positive-advantage tokens at tau_p and tau_h; with no candidate
     # tau_h is undefined and the split falls back to the median entropy of those tokens
     split = detection.tau_h
     if math.isnan(split):
-        split = linear_quantile(entropy[positive & finite], 0.5)
-    low_entropy = entropy.to(torch.float64) < split
+        (split,) = masked_quantiles(entropy, positive & torch.isfinite(entropy), (0.5,))
+    low_entropy = less_than(entropy, split)
     # the lower bound of each token's squared logit-gradient norm at rho = 1 (docs/algorithm.md 5):
     # the share of it that the silenced tokens carry is what S2T removes from the update
-    bound = grad_norm_sq_lower_bound(prob, entropy, advantages)
+    bound = grad_norm_sq_lower_bound(prob, entropy, advantages, dtype=prob.dtype)
     bound = torch.where(positive & torch.isfinite(bound), bound, torch.zeros((), dtype=bound.dtype))
+    num_positive = count(positive)
+    num_low_prob = count(low_prob)
+    num_lowp_lowh = count(low_prob & low_entropy)
+    num_positive_lowh = count(positive & low_entropy)
     counts = {
-        "num_spurious": float(spurious.sum()),
+        "num_spurious": count(spurious),
         "num_candidates": float(detection.num_candidates),
-        "num_candidates_local": float(detection.candidates.sum()),
-        "num_positive": float(positive.sum()),
-        "num_positive_low_prob": float((positive & low_prob).sum()),
-        "grad_bound_spurious": float(bound[spurious].sum()),
+        "num_candidates_local": count(detection.candidates),
+        "num_positive": num_positive,
+        "num_positive_low_prob": num_low_prob,
+        "grad_bound_spurious": float((bound * spurious).sum()),
         "grad_bound_positive": float(bound.sum()),
+        "quadrant/lowp_lowh": num_lowp_lowh,
+        "quadrant/lowp_highh": num_low_prob - num_lowp_lowh,
+        "quadrant/highp_lowh": num_positive_lowh - num_lowp_lowh,
+        "quadrant/highp_highh": num_positive - num_low_prob - num_positive_lowh + num_lowp_lowh,
     }
-    for prob_name, prob_sel in (("lowp", low_prob), ("highp", ~low_prob)):
-        for ent_name, ent_sel in (("lowh", low_entropy), ("highh", ~low_entropy)):
-            counts[f"quadrant/{prob_name}_{ent_name}"] = float((positive & prob_sel & ent_sel).sum())
     stats = {"tau_h": detection.tau_h, "quadrant_entropy_split": split, **entropy_percentiles(entropy, mask)}
     return TokenMask(spurious, spurious, counts, stats)
 
@@ -275,10 +287,13 @@ def high_entropy_keep(
     """20-Entropy's kept tokens: entropy >= the (1 - top_fraction)-quantile of all response tokens' entropy
     over the scope (ties at the threshold kept); and that threshold (NaN when there is no token)."""
     finite = response_mask & torch.isfinite(entropy)
-    threshold = global_quantile(entropy[finite], 1.0 - top_fraction, group)
+    if group_size(group) > 1:
+        threshold = global_quantile(entropy[finite], 1.0 - top_fraction, group)
+    else:  # the driver's whole batch: one pass, no gather
+        (threshold,) = masked_quantiles(entropy, finite, (1.0 - top_fraction,))
     if math.isnan(threshold):
         return torch.zeros_like(response_mask), threshold
-    return finite & (entropy.to(torch.float64) >= threshold), threshold
+    return finite & ~less_than(entropy, threshold), threshold
 
 
 @register_token_mask("entropy20", needs_entropy=True, ratios={"keep_ratio": ("num_kept", "num_response_tokens")})
@@ -289,4 +304,4 @@ def entropy20_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     drop = mask & ~keep
     drop_count = drop if settings.entropy_denominator == "kept" else torch.zeros_like(drop)
     stats = {"entropy_threshold": threshold, **entropy_percentiles(inputs.entropy, mask)}
-    return TokenMask(drop, drop_count, {"num_kept": float(keep.sum())}, stats)
+    return TokenMask(drop, drop_count, {"num_kept": count(keep)}, stats)

@@ -24,24 +24,81 @@ def _lerp(a: float, b: float, t: float) -> float:
     return a + diff * t
 
 
-def linear_quantile(values: torch.Tensor, q: float) -> float:
-    """The q-quantile of a 1-D tensor (numpy's linear method), as a Python float64.
-
-    Returns NaN for an empty tensor: callers decide what an empty set means.
-    """
+def _interpolated(n: int, q: float, value_at) -> float:
+    """numpy's linear method on n ordered values, ``value_at(k)`` being the k-th smallest (0-based)."""
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"quantile q must be in [0, 1], got {q}")
-    flat = values.reshape(-1)
-    n = flat.numel()
     if n == 0:
         return math.nan
-    flat = flat.to(torch.float64)
     index = (n - 1) * q
     lo = math.floor(index)
     hi = min(lo + 1, n - 1)
-    a = torch.kthvalue(flat, lo + 1).values.item()
-    b = a if hi == lo else torch.kthvalue(flat, hi + 1).values.item()
+    a = value_at(lo)
+    b = a if hi == lo else value_at(hi)
     return _lerp(a, b, index - lo)
+
+
+def linear_quantile(values: torch.Tensor, q: float, widen: bool = True) -> float:
+    """The q-quantile of a tensor (numpy's linear method), as a Python float64.
+
+    Returns NaN for an empty tensor: callers decide what an empty set means. ``widen=False`` ranks
+    the values in their own dtype (same result for float32/bf16 inputs, whose order a cast to float64
+    keeps, without the float64 copy); the interpolation is float64 either way.
+    """
+    flat = values.reshape(-1)
+    flat = flat.to(torch.float64) if widen else flat
+    return _interpolated(flat.numel(), q, lambda k: float(torch.kthvalue(flat, k + 1).values.item()))
+
+
+def quantile_of_sorted(sorted_values: torch.Tensor, q: float) -> float:
+    """:func:`linear_quantile` of an already sorted 1-D tensor (many q for one sort), bit-identical to it."""
+    flat = sorted_values.reshape(-1).to(torch.float64)
+    return _interpolated(flat.numel(), q, lambda k: flat[k].item())
+
+
+def masked_quantiles(values: torch.Tensor, mask: torch.Tensor, qs: tuple[float, ...]) -> list[float]:
+    """Exact linear quantiles of ``values[mask]`` for several q, without gathering the selection.
+
+    The positions outside ``mask`` are set to +inf, which only pushes them past every selected value,
+    so the k-th smallest of the selection is the k-th smallest of the whole array; one
+    ``numpy.partition`` finds every needed rank in a single O(n) pass. CPU tensors only (the driver);
+    anything else goes through :func:`linear_quantile`.
+    """
+    mask = mask.bool()
+    if values.device.type != "cpu":
+        selected = values[mask]
+        return [linear_quantile(selected, q, widen=False) for q in qs]
+    import numpy as np
+
+    n = int(mask.sum())
+    array = torch.where(mask, values, torch.tensor(float("inf"), dtype=values.dtype)).reshape(-1)
+    array = array.float().numpy() if array.dtype == torch.bfloat16 else array.numpy()
+    ranks = sorted({k for q in qs if n for k in _ranks(n, q)})
+    if ranks:
+        array = np.partition(array, ranks)
+    return [_interpolated(n, q, lambda k: float(array[k])) for q in qs]
+
+
+def _ranks(n: int, q: float) -> tuple[int, int]:
+    index = (n - 1) * q
+    lo = math.floor(index)
+    return lo, min(lo + 1, n - 1)
+
+
+def less_than(values: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``values < threshold`` as if compared in float64, without widening ``values``.
+
+    A float64 threshold (an interpolated quantile) need not be representable in the values' dtype;
+    torch would round it to that dtype first. With ``t`` the nearest representable value: if
+    ``t >= threshold`` no value of the dtype lies in [threshold, t), so ``v < threshold`` iff ``v < t``;
+    if ``t < threshold`` none lies in (t, threshold), so ``v < threshold`` iff ``v <= t``.
+    """
+    if values.dtype == torch.float64:
+        return values < threshold
+    rounded = torch.tensor(threshold, dtype=torch.float64).to(values.dtype)
+    if float(rounded) >= threshold:
+        return values < rounded
+    return values <= rounded
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:

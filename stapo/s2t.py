@@ -83,10 +83,11 @@ def detect_spurious(
         count = torch.tensor(candidate_entropy.numel(), device=entropy.device)
         num_candidates = int(all_reduce_sum(count, group).item())
         tau_h = global_quantile(candidate_entropy, entropy_quantile, group)
-        if math.isnan(tau_h):
-            spurious = torch.zeros_like(candidates)
-        else:
-            spurious = candidates & (entropy.to(torch.float64) < tau_h)
+        spurious = torch.zeros_like(candidates)
+        if not math.isnan(tau_h):
+            # compared in float64 (tau_h interpolates between two entropies and may not be a float32),
+            # but only at the candidates, about 1% of the batch: no full-batch float64 copy
+            spurious[candidates] = candidate_entropy.to(torch.float64) < tau_h
     return S2TDetection(spurious=spurious, candidates=candidates, tau_h=tau_h, num_candidates=num_candidates)
 
 

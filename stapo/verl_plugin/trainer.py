@@ -143,7 +143,7 @@ class STAPOTrainer(PPOTrainerSync):
             batch_size=len(batch),
         )
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
-        self._expected_loss_tokens = float(loss_mask.sum())
+        self._expected_loss_tokens = float(torch.count_nonzero(loss_mask))
         step_metrics = finalize_metrics(self._mask, built.counts, built.stats)
         metrics.update({METRIC_PREFIX + key: value for key, value in step_metrics.items()})
         return batch
