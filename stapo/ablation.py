@@ -67,3 +67,30 @@ def threshold_grid(
                     metrics[f"{name}/mask_ratio"] = silenced / num_tokens if num_tokens else 0.0
                     metrics[f"{name}/tau_h"] = tau_h
     return metrics
+
+
+def token_sample(
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    silenced: torch.Tensor,
+    size: int,
+) -> list[dict[str, float]]:
+    """Up to ``size`` response tokens spread evenly over the batch, as ``{prob, entropy, advantage, silenced}``.
+
+    The data of the paper's probability-entropy map: positive- and negative-advantage tokens with the
+    S2T region (p < tau_p, H < tau_h) drawn over them. Deterministic (evenly spaced in batch order), so
+    two paired runs sample the same positions.
+    """
+    from stapo.spurious_log import spread_evenly
+
+    keep = spread_evenly(response_mask.bool(), size)
+    advantages = broadcast_advantages(advantages, log_prob)
+    rows = zip(
+        torch.exp(log_prob[keep].double()).tolist(),
+        entropy[keep].double().tolist(),
+        advantages[keep].double().tolist(),
+        silenced[keep].tolist(),
+    )
+    return [{"prob": p, "entropy": h, "advantage": a, "silenced": bool(s)} for p, h, a, s in rows]

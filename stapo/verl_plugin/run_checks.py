@@ -16,9 +16,16 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from stapo.masks import MaskSettings, get_token_mask
 from stapo.credentials import find_secrets
-from stapo.validation import STAPOConfigError, check_choice, check_positive_int, is_finite_number
+from stapo.masks import MaskSettings, get_token_mask
+from stapo.validation import (
+    STAPOConfigError,
+    check_choice,
+    check_entropy_quantile,
+    check_positive_int,
+    check_tau_p,
+    is_finite_number,
+)
 from stapo.verl_plugin.batch_checks import check_run_batches
 
 # No verl import at module level: importing verl loads this package's plugin, whose trainer imports
@@ -173,10 +180,17 @@ def _check_device(config) -> None:
 def _check_recipe_keys(config) -> None:
     """This recipe's own ``stapo.*`` keys (read by the trainer inside Ray, or by prepare() after the checks)."""
     stapo = config.get("stapo", None) or {}
-    for key in ("every", "max_tokens", "context"):
-        value = OmegaConf.select(config, f"stapo.spurious_log.{key}", default=0)
+    for key in ("spurious_log.every", "spurious_log.max_tokens", "spurious_log.context", "ablation.every",
+                "token_sample.every", "token_sample.size"):
+        value = OmegaConf.select(config, f"stapo.{key}", default=0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise STAPOConfigError(f"stapo.spurious_log.{key} must be an integer >= 0, got {value!r}")
+            raise STAPOConfigError(f"stapo.{key} must be an integer >= 0, got {value!r}")
+    for key, check in (("tau_p", check_tau_p), ("q", check_entropy_quantile)):
+        values = OmegaConf.select(config, f"stapo.ablation.{key}", default=[]) or []
+        if isinstance(values, str) or not hasattr(values, "__iter__"):
+            raise STAPOConfigError(f"stapo.ablation.{key} must be a list, got {values!r}")
+        for value in values:
+            check(value, f"stapo.ablation.{key}: ")
     if stapo.get("synthetic_data_dir", None):
         for key in ("synthetic_train_rows", "synthetic_val_rows"):
             check_positive_int(f"stapo.{key}", stapo.get(key, 1))

@@ -1,4 +1,5 @@
-"""What the STAPO trainer writes beside verl's metrics: silenced tokens and reward extra info.
+"""What the STAPO trainer writes beside verl's metrics: silenced tokens, the threshold ablation grid,
+a token sample for the probability-entropy map, and reward extra info.
 
 Both run inside the trainer (verl's TaskRunner process), which holds the tokenizer and the whole
 batch after advantages. Files go to ``stapo.run_dir``; put it on shared storage in a cluster. The
@@ -16,7 +17,11 @@ from typing import Any
 
 import torch
 
+from stapo.ablation import threshold_grid, token_sample
 from stapo.spurious_log import LOG_NAME, append_jsonl, spread_evenly, spurious_records, valid_lengths
+
+ABLATION_PREFIX = "actor/stapo/ablation/"
+SAMPLE_NAME = "token_samples.jsonl"
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,48 @@ class SpuriousTokenLog:
             lengths=valid_lengths(padded["response_mask"]),
         )
         append_jsonl(self.path, records)
+
+
+@dataclass(frozen=True)
+class StepDiagnostics:
+    """``stapo.ablation`` (the threshold grid, as metrics) and ``stapo.token_sample`` (run_dir file)."""
+
+    ablation_every: int = 0
+    tau_ps: tuple[float, ...] = ()
+    qs: tuple[float, ...] = ()
+    sample_path: Path | None = None
+    sample_every: int = 0
+    sample_size: int = 0
+
+    @classmethod
+    def from_config(cls, stapo_config: Any) -> StepDiagnostics:
+        stapo_config = stapo_config or {}
+        ablation = stapo_config.get("ablation") or {}
+        sample = stapo_config.get("token_sample") or {}
+        run_dir = stapo_config.get("run_dir")
+        sample_every = int(sample.get("every", 0))
+        return cls(
+            ablation_every=int(ablation.get("every", 0)),
+            tau_ps=tuple(float(v) for v in ablation.get("tau_p", ())),
+            qs=tuple(float(v) for v in ablation.get("q", ())),
+            sample_path=Path(run_dir) / SAMPLE_NAME if run_dir and sample_every > 0 else None,
+            sample_every=sample_every,
+            sample_size=int(sample.get("size", 0)),
+        )
+
+    def ablation_wanted(self, step: int) -> bool:
+        return self.ablation_every > 0 and bool(self.tau_ps) and bool(self.qs) and step % self.ablation_every == 0
+
+    def sample_wanted(self, step: int) -> bool:
+        return self.sample_path is not None and self.sample_size > 0 and step % self.sample_every == 0
+
+    def ablation_metrics(self, log_prob, entropy, advantages, response_mask) -> dict[str, float]:
+        grid = threshold_grid(log_prob, entropy, advantages, response_mask, self.tau_ps, self.qs)
+        return {ABLATION_PREFIX + key: value for key, value in grid.items()}
+
+    def write_sample(self, step: int, log_prob, entropy, advantages, response_mask, silenced) -> None:
+        records = token_sample(log_prob, entropy, advantages, response_mask, silenced, self.sample_size)
+        append_jsonl(self.sample_path, [{"step": step, **record} for record in records])
 
 
 def reward_extra_means(extra_fields: list) -> dict[str, float]:

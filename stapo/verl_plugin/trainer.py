@@ -35,7 +35,7 @@ from stapo.verl_plugin.losses import (
     mask_settings,
 )
 from stapo.verl_plugin.run_checks import validate_run_config
-from stapo.verl_plugin.run_log import SpuriousTokenLog, reward_extra_means
+from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics, reward_extra_means
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ class STAPOTrainer(PPOTrainerSync):
         self._settings = mask_settings(omega_conf_to_dataclass(self.config.actor_rollout_ref.actor))
         self._mask = get_token_mask(self._settings.token_mask)
         self._spurious_log = SpuriousTokenLog.from_config(self.config.get("stapo", {}))
+        self._diagnostics = StepDiagnostics.from_config(self.config.get("stapo", {}))
         self._expected_loss_tokens: float | None = None
 
     def _setup(self):
@@ -107,12 +108,16 @@ class STAPOTrainer(PPOTrainerSync):
         batch = super()._compute_advantage(batch, metrics)
         metrics.update(self._reward_extra_metrics(batch))
         self._expected_loss_tokens = None
-        if not self._settings.folded:
+        step = self.global_steps
+        ablation = self._diagnostics.ablation_wanted(step)
+        sample = self._diagnostics.sample_wanted(step)
+        log_tokens = self._spurious_log.wants(step) and self._mask.name == "stapo" and self._settings.folded
+        if not (self._settings.folded or ablation or sample):
             return batch
-        log_tokens = self._spurious_log.wants(self.global_steps) and self._mask.name == "stapo"
+        old_pass = ablation or sample or self._mask.needs_log_prob
         fields = ["response_mask", "loss_mask", "advantages"]
-        fields += ["entropy"] if self._mask.needs_entropy else []
-        fields += ["old_log_probs"] if self._mask.needs_log_prob else []
+        fields += ["entropy"] if old_pass or self._mask.needs_entropy else []
+        fields += ["old_log_probs"] if old_pass else []
         fields += ["responses"] if log_tokens else []
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         nested_response_mask = data["response_mask"]
@@ -123,29 +128,34 @@ class STAPOTrainer(PPOTrainerSync):
             )
         responses = data.pop("responses").to_padded_tensor(padding=self.tokenizer.pad_token_id) if log_tokens else None
         padded = data.to_padded_tensor()
-        inputs = MaskInputs(
-            response_mask=padded["response_mask"].bool(),
-            advantages=padded["advantages"].float(),
-            log_prob=padded["old_log_probs"].float() if self._mask.needs_log_prob else None,
-            entropy=padded["entropy"].float() if self._mask.needs_entropy else None,
-        )
-        built = build_token_mask(inputs, self._settings)
-        if log_tokens:
-            self._spurious_log.write(self.global_steps, responses, built.drop_response, padded, self.tokenizer)
-        response_mask, loss_mask = fold_masks(
-            padded["response_mask"], padded["loss_mask"], built.drop_response, built.drop_count
-        )
-        fields = TensorDict(
-            {
-                "response_mask": response_to_nested(response_mask, nested_response_mask),
-                "loss_mask": response_to_nested(loss_mask, nested_response_mask),
-            },
-            batch_size=len(batch),
-        )
-        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
-        self._expected_loss_tokens = float(torch.count_nonzero(loss_mask))
-        step_metrics = finalize_metrics(self._mask, built.counts, built.stats)
-        metrics.update({METRIC_PREFIX + key: value for key, value in step_metrics.items()})
+        response_mask = padded["response_mask"].bool()
+        log_prob = padded["old_log_probs"].float() if "old_log_probs" in padded.keys() else None
+        entropy = padded["entropy"].float() if "entropy" in padded.keys() else None
+        advantages = padded["advantages"].float()
+        silenced = torch.zeros_like(response_mask)
+        if self._settings.folded:
+            built = build_token_mask(MaskInputs(response_mask, advantages, log_prob, entropy), self._settings)
+            silenced = built.drop_response
+            if log_tokens:
+                self._spurious_log.write(step, responses, built.drop_response, padded, self.tokenizer)
+            folded_response, folded_loss = fold_masks(
+                padded["response_mask"], padded["loss_mask"], built.drop_response, built.drop_count
+            )
+            fields = TensorDict(
+                {
+                    "response_mask": response_to_nested(folded_response, nested_response_mask),
+                    "loss_mask": response_to_nested(folded_loss, nested_response_mask),
+                },
+                batch_size=len(batch),
+            )
+            batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
+            self._expected_loss_tokens = float(torch.count_nonzero(folded_loss))
+            step_metrics = finalize_metrics(self._mask, built.counts, built.stats)
+            metrics.update({METRIC_PREFIX + key: value for key, value in step_metrics.items()})
+        if ablation:
+            metrics.update(self._diagnostics.ablation_metrics(log_prob, entropy, advantages, response_mask))
+        if sample:
+            self._diagnostics.write_sample(step, log_prob, entropy, advantages, response_mask, silenced)
         return batch
 
     def _update_actor(self, batch, metrics: dict):

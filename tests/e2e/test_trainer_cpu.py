@@ -58,6 +58,15 @@ def test_stapo_trains_checkpoints_and_resumes(tmp_path):
         for key in ("mask_ratio", "num_candidates", "num_spurious", "tau_h", "entropy_p50", "quadrant/lowp_lowh"):
             assert f"actor/stapo/{key}" in metrics, sorted(metrics)
     assert any(m["actor/stapo/num_spurious"] > 0 for m in stapo_metrics), stapo_metrics
+    # the ablation grid's cell of the configured (tau_p, q) is the mask that was folded, step for step
+    cell = "actor/stapo/ablation/pos/tau_p=0.002,q=0.75"
+    for metrics in stapo_metrics:
+        assert metrics[f"{cell}/num_silenced"] == metrics["actor/stapo/num_spurious"], metrics
+        assert metrics[f"{cell}/num_candidates"] == metrics["actor/stapo/num_candidates"]
+        assert metrics[f"{cell}/mask_ratio"] == metrics["actor/stapo/mask_ratio"]
+        assert "actor/stapo/ablation/neg/tau_p=0.01,q=1/num_candidates" in metrics
+    samples = [json.loads(line) for line in (run_dir / "token_samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in samples} == {1, 2} and all(0 < r["prob"] <= 1 for r in samples)
     assert any(m["actor/grad_norm"] > 0 for m in stapo_metrics)
     # the run folder: every silenced token of each step logged (up to the cap), decoded, with p < tau_p
     records = [json.loads(line) for line in (run_dir / "spurious_tokens.jsonl").read_text().splitlines()]
