@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 EXCLUDED_KEY_PATTERNS = (
     r"^timing_s/",  # seconds per phase
     r"^timing_per_token_ms/",  # milliseconds per token per phase
-    r"^perf/(time_per_step|throughput|mfu/)",  # tokens per second, model flops utilisation
-    r"^perf/(max_memory|cpu_memory|memory)",  # memory readings
+    r"(^|/)perf/(time_per_step|throughput|mfu/)",  # seconds per step, tokens per second, flops utilisation
+    r"(^|/)perf/(max_memory|cpu_memory)",  # memory readings (perf/..., actor/perf/...)
     r"^agent_loop/.*(generate_sequences|tool_calls|compute_score)",  # per-request seconds
     r"^agent_loop/slowest/",  # which request was slowest (timing) and its sizes
 )
@@ -68,6 +68,10 @@ def test_same_config_gives_identical_metrics_every_step(grpo_runs):
         assert _rollouts(first_dump, step) == _rollouts(second_dump, step)
     # a real update happened between the two steps, so step 2 is a check of the update too
     assert first.steps[1]["actor/grad_norm"] > 0
+    print(f"[e2e] compared {len(_comparable(first.steps[1]))} metrics; excluded "
+          f"{sorted(set(first.steps[1]) - set(_comparable(first.steps[1])))}")
+    print(f"[e2e] timing_s/gen per step: {[first.steps[s].get('timing_s/gen') for s in STEPS]}, "
+          f"{[second.steps[s].get('timing_s/gen') for s in STEPS]}")
 
 
 def test_grpo_and_stapo_see_identical_first_rollouts(grpo_runs, tmp_path):

@@ -13,8 +13,10 @@ import torch
 
 
 def init_gloo_process_group(timeout_second=None, backend=None):
-    """Stands in for verl.utils.distributed.initialize_global_process_group_ray (~line 83), which
-    builds the backend string ``cpu:gloo,cpu:gloo`` on a CPU device; torch rejects the duplicate."""
+    """Stands in for verl.utils.distributed.initialize_global_process_group_ray (~line 83) where
+    verl.workers.engine_workers calls it without a backend (~line 89): it then builds
+    ``cpu:gloo,cpu:gloo`` on a CPU device and torch rejects the duplicate. The checkpoint engine
+    passes ``backend="cpu:gloo"`` itself (checkpoint_engine/base.py ~351) and needs no patch."""
     if torch.distributed.is_initialized():
         return
     torch.distributed.init_process_group(
@@ -38,14 +40,11 @@ def _unpinned_offload_policy(policy_cls):
 
 
 def apply() -> None:
-    import verl.checkpoint_engine.base as checkpoint_base
-    import verl.utils.distributed as distributed
     import verl.workers.engine_workers as engine_workers
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp import transformer_impl
 
-    for module in (distributed, engine_workers, checkpoint_base):
-        module.initialize_global_process_group_ray = init_gloo_process_group
+    engine_workers.initialize_global_process_group_ray = init_gloo_process_group
 
     if not getattr(transformer_impl, "_stapo_cpu_patched", False):
         transformer_impl.CPUOffloadPolicy = _unpinned_offload_policy(transformer_impl.CPUOffloadPolicy)
