@@ -30,10 +30,10 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
-from benchmarks.common import interleaved, measure_memory, paired_ratio
+from benchmarks.common import fmt_bytes, fmt_num, interleaved, md_row, measure_memory, paired_ratio
 from benchmarks.mask_build import LOW_PROB_SHARE
 from stapo.s2t import detect_spurious
-from stapo.verl_plugin.losses import MASK_FOLDED_KEY, STAPOLossFn
+from stapo.verl_plugin.losses import STAPOLossFn
 from tests.integration.verl_batches import actor_config, compose_verl
 
 PATTERNS = ("all_positive", "mixed", "all_zero", "many_low_prob")
@@ -139,7 +139,6 @@ def build(spec: MicroBatchSpec):
     tu.assign_non_tensor(
         data, batch_num_tokens=int(sum(int(m.sum()) for m in masks)), dp_size=1, global_batch_size=count
     )
-    tu.assign_non_tensor(data, **{MASK_FOLDED_KEY: spec.folded})
     return model_output, data
 
 
@@ -148,9 +147,9 @@ def loss_functions():
     vanilla = partial(ppo_loss, config=verl_vanilla_config())
     return {
         "vanilla": (vanilla, False, False),
-        "stapo/old": (STAPOLossFn(actor_config(loss_mode="stapo", source="old")), True, False),
+        "stapo/old": (STAPOLossFn(actor_config(token_mask="stapo", source="old")), True, False),
         "vanilla+H": (vanilla, False, True),
-        "stapo/current": (STAPOLossFn(actor_config(loss_mode="stapo", source="current")), False, True),
+        "stapo/current": (STAPOLossFn(actor_config(token_mask="stapo", source="current")), False, True),
     }
 
 
@@ -225,3 +224,58 @@ def run(
             base_row = next(r for r in results if r["pattern"] == row["pattern"] and r["variant"] == "vanilla")
             row["mem_ratio_vs_vanilla"] = row["peak_tensor_bytes"] / max(base_row["peak_tensor_bytes"], 1)
     return results
+
+
+# ---------------------------------------------------------------- its section of BENCHMARKS.md
+
+NAME = "loss"
+TITLE = "1. Loss path: verl's `ppo_loss`, one micro-batch, forward + backward"
+SIZES = {
+    "quick": dict(rows=2, tokens=256, prompt_len=32, repeats=5),
+    "full": dict(rows=8, tokens=4096, prompt_len=512, repeats=101),
+}
+
+
+def measure(device, **size) -> list[dict]:
+    return run(device=device, **size)
+
+
+def render(rows: list[dict]) -> str:
+    lines = [
+        md_row("case", "variant", "median ms", "spread", "ratio vs vanilla: of medians, paired",
+               "ratio vs vanilla+H: of medians, paired", "peak tensor memory", "memory vs vanilla",
+               "largest tensor (elements, per token)"),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
+        lines.append(
+            md_row(
+                r["case"],
+                r["variant"],
+                fmt_num(r["median_ms"]),
+                fmt_num(r["spread"]),
+                f"{fmt_num(r['ratio_vs_vanilla'], 3)}, {fmt_num(r['paired_vs_vanilla'], 3)}",
+                f"{fmt_num(r['ratio_vs_vanilla_H'], 3)}, {fmt_num(r['paired_vs_vanilla_H'], 3)}",
+                f"{fmt_bytes(r.get('peak_tensor_bytes'))}{cuda}",
+                fmt_num(r.get("mem_ratio_vs_vanilla"), 3),
+                f"{r.get('largest_numel', 0):,} ({fmt_num(r.get('largest_per_token'))})",
+            )
+        )
+    old = [r["ratio_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
+    old_paired = [r["paired_vs_vanilla"] for r in rows if r["variant"] == "stapo/old"]
+    cur = [r for r in rows if r["variant"] == "stapo/current"]
+    with_h = {r["case"]: r["median_ms"] for r in rows if r["variant"] == "vanilla+H"}
+    added = [r["median_ms"] - with_h[r["case"]] for r in cur]
+    largest = max(r.get("largest_per_token", 0) for r in rows)
+    lines += [
+        "",
+        f"- `stapo/old` / `vanilla`: ratio of medians {min(old):.3f} to {max(old):.3f}, paired "
+        f"{min(old_paired):.3f} to {max(old_paired):.3f} over the advantage patterns (target: within 1.05).",
+        f"- `stapo/current` adds {min(added):.1f} to {max(added):.1f} ms per micro-batch of {rows[0]['tokens']:,} "
+        f"response tokens over `vanilla+H` (ratio {min(r['ratio_vs_vanilla_H'] for r in cur):.2f} to "
+        f"{max(r['ratio_vs_vanilla_H'] for r in cur):.2f}).",
+        f"- Largest tensor any variant creates: {largest:.2f} x the micro-batch's sequence tokens (prompt + response), "
+        "i.e. per-token vectors; no tensor has a vocabulary dimension.",
+    ]
+    return "\n".join(lines)

@@ -2,9 +2,12 @@
 
 The STAPO trainer (``stapo/verl_plugin/trainer.py``) builds the S2T mask on the driver from the
 padded ``(responses, max_len)`` old log-probs, old entropy and advantages that verl already
-computed, then folds it into the masks. This times ``detect_spurious`` + ``s2t_diagnostics`` on such
-a batch (and the fold) and measures their peak tensor memory; the yardstick is verl's old-log-prob
-pass over the same tokens (``benchmarks/old_pass.py``).
+computed, then folds it into the masks. This times, on such a batch: ``detect_spurious`` alone
+(``detect``), the registry's ``stapo`` entry with every diagnostic (``diagnostics``: detection
+included, i.e. what the trainer calls), the threshold-ablation grid (``grid``, 5 tau_p x 4 q for
+both advantage signs) and the fold, and measures their peak tensor memory; ``total`` is what a step
+pays: diagnostics + grid + fold. The yardstick is verl's old-log-prob pass over the same tokens
+(``benchmarks/old_pass.py``).
 
 Length distribution: the paper samples 256 prompts x 8 responses with up to 15k response tokens.
 ``realistic`` draws lengths from a log-normal (median 3,500 tokens, sigma 0.75) cut at the
@@ -19,8 +22,10 @@ import time
 
 import torch
 
-from benchmarks.common import Samples, measure_memory, rss_kib, rss_peak_reset, sync
-from stapo.s2t import detect_spurious, s2t_diagnostics
+from benchmarks.common import Samples, fmt_bytes, fmt_num, md_row, measure_memory, rss_kib, rss_peak_reset, sync
+from stapo.ablation import threshold_grid
+from stapo.masks import MaskInputs, MaskSettings, build_token_mask
+from stapo.s2t import detect_spurious
 from stapo.verl_plugin.trainer import fold_masks
 
 TAU_P, Q = 0.002, 0.75
@@ -61,9 +66,11 @@ def paper_batch(responses: int, max_len: int, distribution: str = "realistic", s
     return log_prob, entropy, advantages, mask, lengths
 
 
+SETTINGS = MaskSettings(token_mask="stapo", tau_p=TAU_P, entropy_quantile=Q)
+
+
 def _build(log_prob, entropy, advantages, mask):
-    detection = detect_spurious(log_prob, entropy, advantages, mask, tau_p=TAU_P, entropy_quantile=Q)
-    return detection
+    return build_token_mask(MaskInputs(mask, advantages, log_prob, entropy), SETTINGS)
 
 
 def run(
@@ -79,27 +86,31 @@ def run(
     for distribution in distributions:
         batch = paper_batch(responses, max_len, distribution)
         log_prob, entropy, advantages, mask, lengths = (t.to(device) for t in batch)
-        parts = {"detect": Samples(), "diagnostics": Samples(), "fold": Samples(), "total": Samples()}
+        parts = {name: Samples() for name in ("detect", "diagnostics", "grid", "fold", "total")}
         rss_peak_reset()
         rss_before, _ = rss_kib()
-        detection = None
+        built = None
         for round_index in range(repeats + 1):  # the first round warms up
             sync(device)
             t0 = time.perf_counter()
-            detection = _build(log_prob, entropy, advantages, mask)
+            detect_spurious(log_prob, entropy, advantages, mask, tau_p=TAU_P, entropy_quantile=Q)
             sync(device)
             t1 = time.perf_counter()
-            metrics = s2t_diagnostics(detection, log_prob, entropy, advantages, mask, TAU_P)
+            built = _build(log_prob, entropy, advantages, mask)
             sync(device)
             t2 = time.perf_counter()
-            fold_masks(mask, mask, detection.spurious, detection.spurious)
+            threshold_grid(log_prob, entropy, advantages, mask)
             sync(device)
             t3 = time.perf_counter()
+            fold_masks(mask, mask, built.drop_response, built.drop_count)
+            sync(device)
+            t4 = time.perf_counter()
             if round_index:
                 parts["detect"].values.append(t1 - t0)
                 parts["diagnostics"].values.append(t2 - t1)
-                parts["fold"].values.append(t3 - t2)
-                parts["total"].values.append(t3 - t0)
+                parts["grid"].values.append(t3 - t2)
+                parts["fold"].values.append(t4 - t3)
+                parts["total"].values.append(t4 - t1)
         _, rss_peak = rss_kib()
         row = {
             "bench": "mask",
@@ -109,10 +120,10 @@ def run(
             "tokens": int(mask.sum()),
             "mean_len": float(lengths.float().mean()),
             "truncated_share": float((lengths == max_len).float().mean()),
-            "candidates": detection.num_candidates,
-            "masked": int(detection.spurious.sum()),
-            "mask_ratio": metrics["mask_ratio"],
-            "tau_h": detection.tau_h,
+            "candidates": int(built.counts["num_candidates"]),
+            "masked": int(built.counts["num_spurious"]),
+            "mask_ratio": built.counts["num_spurious"] / max(built.counts["num_response_tokens"], 1.0),
+            "tau_h": built.stats["tau_h"],
             "input_bytes": sum(t.element_size() * t.numel() for t in (log_prob, entropy, advantages, mask)),
             "rss_peak_delta_bytes": 1024 * (rss_peak - rss_before) if rss_peak else None,
             "sum_pos_tokens": int(lengths.sum()),
@@ -125,9 +136,9 @@ def run(
 
             def prepare(lp=log_prob, h=entropy, a=advantages, m=mask):
                 def go():
-                    d = _build(lp, h, a, m)
-                    s2t_diagnostics(d, lp, h, a, m, TAU_P)
-                    fold_masks(m, m, d.spurious, d.spurious)
+                    b = _build(lp, h, a, m)
+                    threshold_grid(lp, h, a, m)
+                    fold_masks(m, m, b.drop_response, b.drop_count)
 
                 return go
 
@@ -135,5 +146,65 @@ def run(
             row["peak_tensor_bytes"] = mem.peak_tensor_bytes
             row["cuda_peak_bytes"] = mem.cuda_peak_bytes
         results.append(row)
-        del log_prob, entropy, advantages, mask, detection
+        del log_prob, entropy, advantages, mask, built
     return results
+
+
+# ---------------------------------------------------------------- its section of BENCHMARKS.md
+
+NAME = "mask"
+TITLE = "2a. Mask building for `source: old`, one whole batch of the paper's size"
+SIZES = {
+    "quick": dict(responses=32, max_len=1024, repeats=2, old_pass=dict(tokens=64, repeats=1)),
+    "full": dict(responses=2048, max_len=15360, repeats=2, old_pass=dict(tokens=1024, repeats=3)),
+}
+_COST_FIELDS = ("model", "params", "tokens", "network_s_per_token", "head_s_per_token", "achieved_flops", "spread")
+
+
+def measure(device, old_pass: dict, **size) -> list[dict]:
+    """The yardstick (verl's old-log-prob pass, measured here) first, then one row per length distribution."""
+    from benchmarks import old_pass as old_pass_bench
+
+    cost = old_pass_bench.measure(device=device, **old_pass)
+    rows = run(device=device, **size)
+    for r in rows:
+        est = old_pass_bench.batch_estimate(cost, r.pop("lengths"), PROMPT_LEN)
+        r.update(est)
+        r["ratio_measured_model"] = r["total_s"] / est["measured_model_s"]
+        r["ratio_qwen3_1p7b"] = r["total_s"] / est["qwen3_1p7b_s"]
+    return [{"bench": "old_pass", **{k: getattr(cost, k) for k in _COST_FIELDS}}, *rows]
+
+
+def render(rows: list[dict]) -> str:
+    cost, *rows = rows
+    lines = [
+        f"Yardstick, measured in this run: verl's old-log-prob pass (network forward, then verl's "
+        f"`logprobs_from_logits` + `entropy_from_logits`) on {cost['model']}, {cost['tokens']} tokens: "
+        f"{1000 * cost['network_s_per_token']:.2f} ms/token network ({cost['achieved_flops'] / 1e9:.0f} GFLOP/s) + "
+        f"{1000 * cost['head_s_per_token']:.2f} ms/token verl head ops (spread {cost['spread']:.2f}).",
+        "",
+        "| lengths | responses x max | response tokens (mean length, truncated) | candidates | masked (ratio) | "
+        "detect s | diagnostics s | grid s | fold s | total s (spread) | peak tensor memory (inputs) | RSS peak delta | "
+        "old pass, measured model: s (mask / pass) | old pass, Qwen3-1.7B by FLOPs: s (mask / pass) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            md_row(
+                r["distribution"],
+                f"{r['responses']} x {r['max_len']}",
+                f"{r['tokens']:,} ({r['mean_len']:.0f}, {100 * r['truncated_share']:.1f}%)",
+                f"{r['candidates']:,}",
+                f"{r['masked']:,} ({r['mask_ratio']:.1e})",
+                fmt_num(r["detect_s"]),
+                fmt_num(r["diagnostics_s"]),
+                fmt_num(r["grid_s"]),
+                fmt_num(r["fold_s"]),
+                f"{fmt_num(r['total_s'])} ({fmt_num(r['total_spread'])})",
+                f"{fmt_bytes(r.get('peak_tensor_bytes'))} ({fmt_bytes(r['input_bytes'])})",
+                fmt_bytes(r["rss_peak_delta_bytes"]),
+                f"{r['measured_model_s']:,.0f} ({r['ratio_measured_model']:.1e})",
+                f"{r['qwen3_1p7b_s']:,.0f} ({r['ratio_qwen3_1p7b']:.1e})",
+            )
+        )
+    return "\n".join(lines)
