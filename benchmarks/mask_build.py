@@ -184,7 +184,8 @@ def render(rows: list[dict]) -> str:
         f"{1000 * cost['head_s_per_token']:.2f} ms/token verl head ops (spread {cost['spread']:.2f}).",
         "",
         "| lengths | responses x max | response tokens (mean length, truncated) | candidates | masked (ratio) | "
-        "detect s | diagnostics s | grid s | fold s | total s (spread) | peak tensor memory (inputs) | RSS peak delta | "
+        "detect s | diagnostics s | grid s | fold s | total s (spread) | peak tensor memory (inputs) | "
+        "RSS peak delta | "
         "old pass, measured model: s (mask / pass) | old pass, Qwen3-1.7B by FLOPs: s (mask / pass) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
