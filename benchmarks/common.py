@@ -221,3 +221,15 @@ def fmt_bytes(n: float | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def md_row(*cells) -> str:
+    """One row of a markdown table."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def fmt_num(x, digits: int = 2) -> str:
+    """A number for a table; ``n/a`` for a missing or NaN one."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.{digits}f}"

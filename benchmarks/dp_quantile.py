@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from benchmarks.common import fmt_num, md_row
 from stapo.quantile import global_quantile, linear_quantile
 from stapo.s2t import detect_spurious
 
@@ -102,3 +103,30 @@ def run(worlds=(2, 3, 4), per_rank: int = 100_000, micro_tokens: int = 8 * 4096,
             }
         )
     return out
+
+
+# ---------------------------------------------------------------- its section of BENCHMARKS.md
+
+NAME = "quantile"
+TITLE = "2b. DP-global quantile over gloo ranks"
+SIZES = {
+    "quick": dict(worlds=(2,), per_rank=2000, micro_tokens=2048, repeats=5),
+    "full": dict(worlds=(2, 3, 4), per_rank=100_000, micro_tokens=8 * 4096, repeats=30),
+}
+
+
+def measure(device, **size) -> list[dict]:
+    return run(**size)  # gloo ranks on the CPU, whatever the device
+
+
+def render(rows: list[dict]) -> str:
+    lines = [
+        "| ranks | values per rank | global_quantile ms | local linear_quantile ms | ratio | "
+        "detect_spurious with group ms | without ms | ratio | worst spread |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        timings = (fmt_num(r[k]) for k in ("global_q_ms", "local_q_ms", "q_ratio", "detect_group_ms", "detect_local_ms"))
+        lines.append(md_row(r["world"], f"{r['per_rank']:,}", *timings, fmt_num(r["detect_ratio"]), fmt_num(r["spread"])))
+    lines += ["", f"`detect_spurious` runs on one micro-batch of {rows[0]['micro_tokens']:,} response tokens per rank."]
+    return "\n".join(lines)

@@ -12,9 +12,12 @@ the ratio says whether STAPO adds anything visible to a whole step, not what it 
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from pathlib import Path
+
+from benchmarks.common import fmt_num, md_row
 
 STEP_KEY = "timing_s/step"
 # phases worth comparing: the S2T mask is built and folded inside verl's advantage phase
@@ -68,3 +71,41 @@ def run(repeats: int = 3, steps: int = 4, extra: list[str] | None = None) -> dic
             for phase in PHASES
         },
     }
+
+
+# ---------------------------------------------------------------- its section of BENCHMARKS.md
+
+NAME = "e2e"
+TITLE = "4. End to end: seconds per step of the tiny CPU trainer"
+SIZES = {"quick": dict(repeats=1, steps=2), "full": dict(repeats=2, steps=6)}
+
+
+def measure(device, **size) -> list[dict]:
+    return [run(**size)]  # the tiny preset runs on the CPU trainer, whatever the device
+
+
+def render(rows: list[dict]) -> str:
+    (result,) = rows
+    if result.get("error"):
+        first, _, rest = result["error"].partition("\n")
+        body = f"Not measured in this run, no figures: {first}"
+        return body + (f"\n\n```\n{rest.strip()}\n```" if rest.strip() else "")
+    lines = ["| algo | median timing_s/step | samples (steps 2.., every run) | runs |", "|---|---|---|---|"]
+    for algo in ("stapo", "justrl"):
+        samples = ", ".join(fmt_num(x) for x in result["samples"][algo])
+        lines.append(md_row(algo, fmt_num(result[algo + "_s"]), samples, result["runs"]))
+    lines += [
+        "",
+        f"Ratio stapo / justrl (medians): **{result['ratio']:.3f}**; median of the per-run-pair ratios: "
+        f"{result['pair_ratio']:.3f}; per-step spread stapo {fmt_num(result['spread']['stapo'])}, "
+        f"justrl {fmt_num(result['spread']['justrl'])}.",
+        "",
+        "Medians of verl's phase timings (s; the S2T mask is built and folded in `adv`):",
+        "",
+        "| phase | stapo | justrl | ratio |",
+        "|---|---|---|---|",
+    ]
+    for phase, values in result["phases"].items():
+        ratio = values["stapo"] / values["justrl"] if values["justrl"] else math.nan
+        lines.append(md_row(f"`{phase}`", fmt_num(values["stapo"], 3), fmt_num(values["justrl"], 3), fmt_num(ratio, 3)))
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from benchmarks import dp_quantile, entropy, loss_path, mask_build, old_pass, run
+from benchmarks import dp_quantile, e2e_step, entropy, loss_path, mask_build, old_pass, run
 from benchmarks.common import TensorMemory
 
 
@@ -31,6 +31,8 @@ def test_loss_path_covers_every_variant_and_pattern():
     # the folded mask of source=old silences tokens only where there are positive low-probability ones
     masked = {r["pattern"]: r["masked"] for r in rows}
     assert masked["all_zero"] == 0 and masked["many_low_prob"] > 0
+    table = loss_path.render(rows)
+    assert table.count("\n| ") == len(rows) and "ratio of medians" in table
 
 
 def test_mask_build_and_old_pass_estimate():
@@ -45,11 +47,16 @@ def test_mask_build_and_old_pass_estimate():
     est = old_pass.batch_estimate(cost, rows[0]["lengths"], mask_build.PROMPT_LEN)
     assert est["measured_model_s"] > 0 and est["qwen3_1p7b_s"] > 0
     assert finite(est["qwen3_1p7b_s"])
+    measured = mask_build.measure("cpu", **mask_build.SIZES["quick"])
+    assert measured[0]["bench"] == "old_pass" and len(measured) == 3 and "lengths" not in measured[1]
+    text = mask_build.render(measured)
+    assert text.startswith("Yardstick") and "| realistic |" in text and "| all_max |" in text
 
 
 def test_dp_quantile_two_ranks():
     (row,) = dp_quantile.run(worlds=(2,), per_rank=200, micro_tokens=256, repeats=2)
     assert row["world"] == 2 and finite(row["q_ratio"]) and finite(row["detect_ratio"])
+    assert "| 2 | 200 |" in dp_quantile.render([row])
 
 
 def test_entropy_variants():
@@ -59,6 +66,7 @@ def test_entropy_variants():
     by = {r["variant"]: r for r in rows}
     # keeping the entropy graph costs at least one more (tokens, vocab) tensor than log-probs alone
     assert by["logp+H"]["peak_tensor_bytes"] >= by["logp"]["peak_tensor_bytes"] + 4 * 1024 * 4
+    assert all(f"| {variant} |" in entropy.render(rows) for variant in entropy.VARIANTS)
 
 
 def test_tensor_memory_counts_live_bytes():
@@ -70,22 +78,26 @@ def test_tensor_memory_counts_live_bytes():
     assert 4000 <= mode.peak <= 4 * 4000 + 64
 
 
-def test_cli_writes_only_its_sections(tmp_path, monkeypatch):
+def test_every_registered_benchmark_measures_and_renders_its_own_section():
+    for name in run.NAMES:
+        bench = run.benchmark(name)
+        assert bench.TITLE and set(bench.SIZES) == {"quick", "full"}
+        assert callable(bench.measure) and callable(bench.render)
+
+
+def test_cli_writes_only_its_sections_and_keeps_the_hand_written_text(tmp_path):
     doc = tmp_path / "BENCHMARKS.md"
-    monkeypatch.setattr(run, "DOC", doc)
-    run.update_doc({"loss": run._section("loss", "figures A", "header")}, doc)
+    doc.write_text(f"# Benchmarks\n\nHow to read them.\n\n{run.NOTES_MARK}\n\nNotes by hand.\n")
+    run.update_doc({"loss": run.section("loss", "Loss", "figures A", "header")}, doc)
+    run.update_doc({"mask": run.section("mask", "Mask", "figures B", "header")}, doc)
+    run.update_doc({"loss": run.section("loss", "Loss", "figures C", "header")}, doc)
     text = doc.read_text()
-    assert "figures A" in text and "Not run yet" in text and run.NOTES_MARK in text
-    run.update_doc({"mask": run._section("mask", "figures B", "header")}, doc)
-    text = doc.read_text()
-    assert "figures A" in text and "figures B" in text
+    assert "figures A" not in text and text.index("figures C") < text.index("figures B") < text.index(run.NOTES_MARK)
+    assert text.startswith("# Benchmarks\n\nHow to read them.") and text.endswith("Notes by hand.\n")
     with pytest.raises(SystemExit):
         run.main(["--only", "nonsense"])
 
 
-def test_e2e_reports_a_missing_trainer_without_figures(monkeypatch):
-    from benchmarks import e2e_step
-
-    monkeypatch.setattr(e2e_step, "run", lambda **_: {"bench": "e2e", "error": "algo=stapo run failed\nlog line"})
-    body, rows = run.bench_e2e({}, torch.device("cpu"))
-    assert body.startswith("Not measured") and "log line" in body and rows[0]["error"]
+def test_e2e_reports_a_missing_trainer_without_figures():
+    body = e2e_step.render([{"bench": "e2e", "error": "algo=stapo run failed\nlog line"}])
+    assert body.startswith("Not measured") and "log line" in body
