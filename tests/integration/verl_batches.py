@@ -62,16 +62,24 @@ def jagged(rows: list[torch.Tensor]) -> torch.Tensor:
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def make_micro_batch(rows: dict[str, list[torch.Tensor]], prompt_lens: list[int], batch_num_tokens: int, global_bsz: int):
+def make_micro_batch(
+    rows: dict[str, list[torch.Tensor]],
+    prompt_lens: list[int],
+    batch_num_tokens: int,
+    global_bsz: int,
+    flat_log_probs: torch.Tensor | None = None,
+):
     """A micro-batch TensorDict and a model output whose response log-probs are ``rows['log_prob']``.
 
     Returns ``(model_output, data, leaf)`` where ``leaf`` is the flat tensor the gradient reaches.
+    ``flat_log_probs`` (a model's output over every position, laid out as verl's engine does) replaces
+    the leaf built from ``rows['log_prob']``; the rows then only give the response lengths.
     """
     pieces = []
     for prompt_len, log_prob in zip(prompt_lens, rows["log_prob"]):
         # positions prompt_len-1 .. prompt_len+resp_len-2 predict the response tokens
         pieces += [torch.zeros(prompt_len - 1, dtype=log_prob.dtype), log_prob, torch.zeros(1, dtype=log_prob.dtype)]
-    leaf = torch.cat(pieces).detach().requires_grad_(True)
+    leaf = torch.cat(pieces).detach().requires_grad_(True) if flat_log_probs is None else flat_log_probs
     lengths = torch.tensor([p + len(r) for p, r in zip(prompt_lens, rows["log_prob"])])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     model_output = {"log_probs": torch.nested.nested_tensor_from_jagged(leaf, offsets)}
@@ -124,7 +132,9 @@ def padded_rows(tensors: dict[str, torch.Tensor], response_mask: torch.Tensor, l
     return rows
 
 
-def run_micro_batches(loss_fn, rows, prompt_lens, splits, batch_num_tokens, dp_size=1, dp_group=None):
+def run_micro_batches(
+    loss_fn, rows, prompt_lens, splits, batch_num_tokens, dp_size=1, dp_group=None, global_batch_size=None
+):
     """verl's micro-batch loop for one mini-batch: loss per micro-batch, backward, gradient per response token.
 
     Returns ``(summed loss, gradient rows, metrics per micro-batch)``; the summed loss is what verl's
@@ -134,7 +144,8 @@ def run_micro_batches(loss_fn, rows, prompt_lens, splits, batch_num_tokens, dp_s
     for size in splits:
         part = {key: value[start : start + size] for key, value in rows.items()}
         lens = prompt_lens[start : start + size]
-        model_output, data, leaf = make_micro_batch(part, lens, batch_num_tokens, len(prompt_lens))
+        global_bsz = global_batch_size or len(prompt_lens)
+        model_output, data, leaf = make_micro_batch(part, lens, batch_num_tokens, global_bsz)
         tu.assign_non_tensor(data, dp_size=dp_size)
         loss, metrics = loss_fn(model_output=model_output, data=data, dp_group=dp_group)
         loss.backward()

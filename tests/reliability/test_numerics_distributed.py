@@ -2,11 +2,14 @@
 
 The rank without candidates must take the same tau_h as the other, mask nothing, and both ranks'
 losses must stay finite and average (as FSDP averages gradients) to the valid-token mean of the
-union, computed by a float64 loop over both ranks' tokens together.
+union, computed by a float64 loop over both ranks' tokens together; every count each rank reports
+is the DP-global total, equal to the loop reference's count over the union.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import socket
 
@@ -14,10 +17,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from verl.utils import tensordict_utils as tu
 
-from tests.reference import reference_clipped_token_loss, reference_spurious
-from tests.reliability.test_numerics import NAN, Q, TAU_P, _rows, batch
+from stapo.masks import MaskSettings
+from stapo.verl_plugin.losses import REFUSED_METRIC
+from tests.reference import REFERENCES, reference_clipped_token_loss, reference_spurious
+from tests.reliability.test_numerics import NAN, PROMPT, Q, TAU_P, batch
 
 WORLD = 2
 
@@ -41,33 +45,52 @@ def _worker(rank: int, port: int, config, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        from stapo.verl_plugin.losses import MASK_FOLDED_KEY, STAPOLossFn
-        from tests.integration.verl_batches import make_micro_batch
+        from stapo.verl_plugin.losses import STAPOLossFn  # imports verl: in the spawned rank, not at collection
+        from tests.integration.verl_batches import metric_values, padded_rows, run_micro_batches
 
         old, new, entropy, advantages, mask = _shard(rank)
         total_tokens = sum(int(_shard(r)[4].sum()) for r in range(WORLD))
-        rows = _rows(old, new, entropy, advantages, mask)
-        model_output, data, leaf = make_micro_batch(rows, [3] * mask.shape[0], total_tokens, WORLD * mask.shape[0])
-        tu.assign_non_tensor(data, dp_size=WORLD, **{MASK_FOLDED_KEY: False})
-        loss_fn = STAPOLossFn(config)
-        loss, metrics = loss_fn(model_output=model_output, data=data, dp_group=dist.group.WORLD)
-        loss.backward()
-        value = {key: float(m.values[0]) for key, m in metrics.items() if key.startswith("actor/stapo/")}
-        results[rank] = {"loss": float(loss.detach()), "grad_finite": bool(torch.isfinite(leaf.grad).all()), **value}
+        tensors = {"old_log_prob": old, "log_prob": new, "advantages": advantages, "model_entropy": entropy}
+        rows = padded_rows(tensors, mask, mask)
+        count = mask.shape[0]
+        loss, grads, metrics = run_micro_batches(
+            STAPOLossFn(config), rows, [PROMPT] * count, [count], total_tokens,
+            dp_size=WORLD, dp_group=dist.group.WORLD, global_batch_size=WORLD * count,
+        )
+        results[rank] = {
+            "loss": loss,
+            "grad_finite": all(math.isfinite(g) for row in grads for g in row),
+            **metric_values(metrics[0]),
+        }
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # two spawned ranks import verl: ~10 s on an idle 2-core machine, ~80 s under a load of 10
-def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean():
+@pytest.fixture(scope="module")
+def two_ranks():
+    """One run of both ranks for the tests below (the spawn and the verl imports dominate their cost)."""
     from tests.integration.verl_batches import actor_config
 
-    config = actor_config(loss_mode="stapo", source="current")  # composed once, here, not in every rank
+    config = actor_config(token_mask="stapo", source="current")  # composed once, here, not in every rank
     results = mp.Manager().dict()
     mp.start_processes(_worker, args=(_free_port(), config, results), nprocs=WORLD, start_method="spawn")
     shards = [_shard(rank) for rank in range(WORLD)]
     old, new, entropy, advantages, mask = (torch.cat([s[k] for s in shards]) for k in range(5))
     entropy = entropy.float().double()  # verl hands the model's entropy over as float32
+    union = {"response_mask": mask, "advantages": advantages, "log_prob": new, "entropy": entropy}
+    settings = dataclasses.asdict(MaskSettings(token_mask="stapo", source="current"))
+    want = REFERENCES["stapo"]({k: v.tolist() for k, v in union.items()}, settings)
+    return [results[rank] for rank in range(WORLD)], (old, new, entropy, advantages, mask), want
+
+
+# the candidate count is DP-global already when the mask is built (detect_spurious all-reduces it);
+# the loss's one all-reduce of every count then sums it again: WORLD times the true count
+CANDIDATES_SUMMED_TWICE = "num_candidates"
+
+
+@pytest.mark.slow  # two spawned ranks import verl: ~10 s on an idle 2-core machine, ~80 s under a load of 10
+def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean(two_ranks):
+    got, (old, new, entropy, advantages, mask), want = two_ranks
     spurious, tau_h = reference_spurious(new.tolist(), entropy.tolist(), advantages.tolist(), mask.tolist(), TAU_P, Q)
     valid = [(i, t) for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t] and not spurious[i][t]]
     expected = sum(
@@ -75,12 +98,29 @@ def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean():
         for i, t in valid
     ) / len(valid)
 
-    got = [results[rank] for rank in range(WORLD)]
     assert all(r["grad_finite"] for r in got)
-    assert got[0]["actor/stapo/num_candidates_local"] > 0 and got[1]["actor/stapo/num_candidates_local"] == 0
-    assert got[0]["actor/stapo/tau_h"] == got[1]["actor/stapo/tau_h"] == tau_h
-    assert got[0]["actor/stapo/num_candidates"] == got[1]["actor/stapo/num_candidates"]
-    assert got[1]["actor/stapo/num_spurious"] == 0 and got[0]["actor/stapo/num_spurious"] > 0
-    assert got[1]["actor/stapo/empty_responses"] == 1 and got[1]["actor/stapo/nonfinite_entropy"] == 1
+    assert all(r[REFUSED_METRIC] == 0.0 for r in got)
+    assert got[0]["actor/stapo/_sum/tau_h"] == got[1]["actor/stapo/_sum/tau_h"] == tau_h == want["stats"]["tau_h"]
+    # every count is a DP-global total on every rank (one all-reduce), equal to the union's loop count
+    for key, value in want["counts"].items():
+        if key == CANDIDATES_SUMMED_TWICE:
+            continue  # see the xfail test below
+        for rank in range(WORLD):
+            rel = 1e-12 if key.startswith("grad_bound") else 0.0
+            assert got[rank][f"actor/stapo/_sum/{key}"] == pytest.approx(value, rel=rel), (rank, key)
+    counts = want["counts"]
+    assert counts["num_spurious"] > 0 and counts["empty_responses"] == 1 and counts["nonfinite_entropy"] == 1
     average = sum(r["loss"] for r in got) / WORLD  # FSDP averages the ranks' gradients, so their losses
     assert abs(average - expected) <= 1e-6 * abs(expected)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="lead's code: stapo.masks reports num_candidates already summed over the group, and "
+    "losses._in_loss_mask all-reduces every count again, so source=current reports WORLD x the candidates",
+)
+def test_in_loss_candidate_count_is_the_union_count(two_ranks):
+    got, _, want = two_ranks
+    for rank in range(WORLD):
+        assert got[rank]["actor/stapo/_sum/num_candidates"] == want["counts"]["num_candidates"], rank
