@@ -253,3 +253,53 @@ def test_stapo_plot_command(tmp_path):
     assert (tmp_path / "p" / "entropy.png").stat().st_size > 1000
     assert main(["plot", str(a), "--per-run", "--out", str(tmp_path / "q")]) == 0
     assert (tmp_path / "q" / "summary.md").exists()
+
+
+# --- resumability and the command ------------------------------------------------------------------
+
+
+def test_a_run_is_finished_by_its_record_or_by_reaching_the_last_step(tmp_path):
+    from stapo.sweep.cli import is_finished
+
+    assert not is_finished(tmp_path / "nothing")
+    local = write_metrics(tmp_path / "local", {1: {"timing_s/step": 1.0}}, record={"returncode": 0})
+    assert is_finished(local)
+    failed = write_metrics(tmp_path / "failed", {1: {"timing_s/step": 1.0}}, record={"returncode": 1})
+    assert not is_finished(failed)
+    # a cluster job: no exit code here, finished when its metrics reach trainer.total_training_steps
+    job = write_metrics(tmp_path / "job", {1: {"timing_s/step": 1.0}}, record={"job_id": "x"})
+    (job / "config.yaml").write_text("trainer:\n  total_training_steps: 2\n")
+    assert not is_finished(job)
+    write_metrics(job, {1: {"timing_s/step": 1.0}, 2: {"timing_s/step": 1.0}}, record={"job_id": "x"})
+    assert is_finished(job)
+
+
+def test_dry_run_and_compare_only(tmp_path, capsys):
+    from stapo.sweep.cli import main
+    from stapo.sweep.grid import parse_axis, plan
+
+    argv = [
+        "--grid",
+        "algo=stapo,grpo",
+        "--seeds",
+        "1,2",
+        "--out",
+        str(tmp_path),
+        "--dry-run",
+        "--",
+        "model_preset=tiny",
+    ]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and all(line.startswith("[to run] python -m recipe.stapo.main_stapo") for line in lines)
+    # finished run folders (as a cluster would leave them) are compared without running anything
+    for run in plan([parse_axis("algo=stapo,grpo")], [1, 2], tmp_path):
+        value = 0.5 if "stapo" in run.cell else 0.25
+        write_metrics(
+            run.run_dir,
+            {2: {"val/average/acc": value + run.seed / 10, "timing_s/step": 3.0}},
+            record={"cell": run.cell, "seed": run.seed, "returncode": 0, "seconds": 10.0},
+        )
+    assert main(["--grid", "algo=stapo,grpo", "--seeds", "1,2", "--out", str(tmp_path), "--compare-only"]) == 0
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| algo=stapo | 1,2 | 1 | 0.650 ± 0.050 |" in table and "| algo=grpo | 1,2 | 1 | 0.400 ± 0.050 |" in table
