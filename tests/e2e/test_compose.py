@@ -9,24 +9,22 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-from recipe.stapo.main_stapo import CONF_DIR
 from stapo.verl_plugin.config import STAPOPolicyLossConfig
 from stapo.verl_plugin.run_checks import validate_run_config
+from tests.recipe_config import config_for_verl, recipe_config
 
 PRESETS = ["tiny", "smollm2", "qwen3_1p7b", "qwen3_8b", "qwen3_14b"]
 ALGOS = ["stapo", "justrl", "grpo", "entropy20"]
-LOSS_MODE = {"stapo": "stapo", "justrl": "vanilla", "grpo": "vanilla", "entropy20": "entropy20"}
+# one objective for every algorithm; they differ in the token mask (and clip/KL constants)
+TOKEN_MASK = {"stapo": "stapo", "justrl": "none", "grpo": "none", "entropy20": "entropy20"}
 
 
-def compose_recipe(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return compose(config_name="stapo_trainer", overrides=list(overrides))
+compose_recipe = recipe_config
+resolved_recipe = config_for_verl  # ${hydra:...} resolved, hydra node dropped, as main_stapo hands it to verl
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -34,22 +32,13 @@ def compose_recipe(*overrides: str):
 def test_every_preset_and_algo_composes_and_validates(preset, algo):
     cfg = compose_recipe(f"model_preset={preset}", f"algo={algo}")
     actor = cfg.actor_rollout_ref.actor
-    assert actor.policy_loss.loss_mode == LOSS_MODE[algo]
+    assert actor.policy_loss.loss_mode == "masked_clip"
+    assert actor.policy_loss.token_mask == TOKEN_MASK[algo]
     assert cfg.trainer.v1.trainer_mode == "stapo"  # one trainer for every algorithm
     validate_run_config(cfg)
     typed = omega_conf_to_dataclass(actor)
     assert isinstance(typed.policy_loss, STAPOPolicyLossConfig)
-
-
-def resolved_recipe(*overrides: str):
-    """The config as main_stapo hands it to verl: ${hydra:...} resolved, hydra node dropped."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose(config_name="stapo_trainer", overrides=list(overrides), return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    OmegaConf.resolve(cfg)
-    return cfg
+    assert (typed.policy_loss.loss_mode, typed.policy_loss.token_mask) == ("masked_clip", TOKEN_MASK[algo])
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -79,7 +68,8 @@ def test_qwen3_presets_hold_the_paper_recipe(preset):
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_c) == (0.2, 0.28, 10.0)
     assert actor.use_kl_loss is False and actor.entropy_coeff == 0.0 and actor.loss_agg_mode == "token-mean"
     assert (rollout.temperature, rollout.top_p, rollout.name) == (1.0, 1.0, "vllm")
-    assert (actor.policy_loss.tau_p, actor.policy_loss.entropy_quantile, actor.policy_loss.source) == (0.002, 0.75, "old")
+    loss = actor.policy_loss
+    assert (loss.tau_p, loss.entropy_quantile, loss.source) == (0.002, 0.75, "old")
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (8, 8)
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.algorithm.use_kl_in_reward is False
     assert cfg.trainer.test_freq == 20
@@ -124,8 +114,10 @@ def test_cli_overrides_reach_the_config():
 @pytest.mark.parametrize(
     "preset, algo, expected",
     [
-        ("qwen3_14b", "entropy20", ["loss_mode: entropy20", "path: Qwen/Qwen3-14B-Base", "name: vllm"]),
-        ("tiny", "stapo", ["loss_mode: stapo", "path: stapo://tiny", "name: stapo_hf", "device: cpu"]),
+        ("qwen3_14b", "entropy20",
+         ["loss_mode: masked_clip", "token_mask: entropy20", "path: Qwen/Qwen3-14B-Base", "name: vllm"]),
+        ("tiny", "stapo",
+         ["loss_mode: masked_clip", "token_mask: stapo", "path: stapo://tiny", "name: stapo_hf", "device: cpu"]),
     ],
 )
 def test_cfg_job_prints_the_composed_config(preset, algo, expected):

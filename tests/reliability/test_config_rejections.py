@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from recipe.stapo.main_stapo import CONF_DIR
+from stapo.masks import TOKEN_MASK_REGISTRY
 from stapo.validation import STAPOConfigError
 from stapo.verl_plugin.run_checks import validate_run_config
 
@@ -57,7 +58,16 @@ REJECTED = [
     ([f"{PL}.source=current"], f"set {ACTOR}.calculate_entropy=true"),
     ([f"{PL}.source=current", f"{ACTOR}.calculate_entropy=true", f"{ACTOR}.loss_agg_mode=token-sum"],
      f"{ACTOR}.loss_agg_mode='token-sum' is not supported with {PL}.source=current"),
-    (["algo=entropy20", f"{PL}.source=current"], "loss_mode=entropy20 builds its mask from the old-policy pass"),
+    (["algo=entropy20", f"{PL}.source=current"],
+     f"{PL}.source='current' is not available for {PL}.token_mask='entropy20', which can be built from: ['old']"),
+    ([f"{PL}.token_mask=stapoo"], f"{PL}.token_mask must be one of {sorted(TOKEN_MASK_REGISTRY)}, got 'stapoo'"),
+    (["trainer.v1.trainer_mode=sync"],
+     f"{PL}.token_mask=stapo needs trainer.v1.trainer_mode=stapo (got 'sync'): the STAPO trainer builds and folds"),
+    (["algo=entropy20", "trainer.v1.trainer_mode=sync"], f"{PL}.token_mask=entropy20 needs trainer.v1.trainer_mode=stapo"),
+    ([f"{PL}.loss_mode=stapo"], f"({PL}.loss_mode=stapo became loss_mode=masked_clip with token_mask=stapo)"),
+    ([f"{PL}.loss_mode=entropy20"], f"({PL}.loss_mode=entropy20 became loss_mode=masked_clip with token_mask=entropy20)"),
+    ([f"{PL}.loss_mode=vanilla", f"{PL}.source=current", f"{ACTOR}.calculate_entropy=true"],
+     f"{PL}.source=current builds the mask inside the loss, which only {PL}.loss_mode=masked_clip does"),
     (["algorithm.rollout_correction.bypass_mode=true"], "algorithm.rollout_correction.bypass_mode=true skips"),
     (["trainer.v1.trainer_mode=stapoo"], "trainer.v1.trainer_mode must be one of ["),
     (["model_preset=qwen3_8b", "trainer.device=cpu"], f"{ROLLOUT}.name=vllm needs GPUs but trainer.device=cpu"),
@@ -117,6 +127,12 @@ ACCEPTED = [
     [f"{ACTOR}.use_dynamic_bsz=true", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
      f"{ACTOR}.ppo_micro_batch_size_per_gpu=5", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7"],
     ["algo=entropy20", f"{PL}.entropy_denominator=kept", f"{PL}.entropy_top_fraction=1.0"],
+    # no mask: nothing to fold, so verl's own trainer may run the loss
+    ["algo=justrl", "trainer.v1.trainer_mode=sync"],
+    ["algo=grpo", "trainer.v1.trainer_mode=sync"],
+    # any verl loss with a folded (source=old) mask
+    [f"{PL}.loss_mode=vanilla"],
+    ["algo=entropy20", f"{PL}.loss_mode=vanilla"],
 ]
 
 
