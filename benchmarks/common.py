@@ -233,3 +233,9 @@ def fmt_num(x, digits: int = 2) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     return f"{x:.{digits}f}"
+
+
+def fmt_peak(row: dict) -> str:
+    """Peak live tensor bytes of a row, with the CUDA allocator's peak beside it when measured."""
+    cuda = row.get("cuda_peak_bytes")
+    return fmt_bytes(row.get("peak_tensor_bytes")) + (f" (CUDA peak {fmt_bytes(cuda)})" if cuda is not None else "")

@@ -126,7 +126,7 @@ def render(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        timings = (fmt_num(r[k]) for k in ("global_q_ms", "local_q_ms", "q_ratio", "detect_group_ms", "detect_local_ms"))
-        lines.append(md_row(r["world"], f"{r['per_rank']:,}", *timings, fmt_num(r["detect_ratio"]), fmt_num(r["spread"])))
+        keys = ("global_q_ms", "local_q_ms", "q_ratio", "detect_group_ms", "detect_local_ms", "detect_ratio", "spread")
+        lines.append(md_row(r["world"], f"{r['per_rank']:,}", *(fmt_num(r[k]) for k in keys)))
     lines += ["", f"`detect_spurious` runs on one micro-batch of {rows[0]['micro_tokens']:,} response tokens per rank."]
     return "\n".join(lines)

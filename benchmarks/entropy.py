@@ -36,7 +36,7 @@ from verl.utils.torch_functional import (
     logprobs_from_logits,
 )
 
-from benchmarks.common import fmt_bytes, fmt_num, interleaved, md_row, measure_memory
+from benchmarks.common import fmt_bytes, fmt_num, fmt_peak, interleaved, md_row, measure_memory
 
 VOCAB = 151936
 VARIANTS = ("logp", "logp+H", "logp+H chunked", "logp+H ckpt", "logp+H no-grad", "logp+H detached")
@@ -131,14 +131,13 @@ def measure(device, **size) -> list[dict]:
 def render(rows: list[dict]) -> str:
     first = rows[0]
     lines = [
-        f"{first['tokens']:,} tokens x vocabulary {first['vocab']:,}, fp32 logits ({fmt_bytes(first.get('logits_bytes'))}), "
-        f"chunk size {first['chunk']} for the chunked variant.",
+        f"{first['tokens']:,} tokens x vocabulary {first['vocab']:,}, "
+        f"fp32 logits ({fmt_bytes(first.get('logits_bytes'))}), chunk size {first['chunk']} for the chunked variant.",
         "",
         "| variant | median ms | ms per 1k tokens | spread | ratio vs logp | peak tensor memory | memory vs logp |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
         lines.append(
             md_row(
                 r["variant"],
@@ -146,7 +145,7 @@ def render(rows: list[dict]) -> str:
                 fmt_num(r["ms_per_1k_tokens"]),
                 fmt_num(r["spread"]),
                 fmt_num(r["ratio_vs_logp"], 3),
-                f"{fmt_bytes(r.get('peak_tensor_bytes'))}{cuda}",
+                fmt_peak(r),
                 fmt_num(r.get("mem_ratio_vs_logp"), 3),
             )
         )

@@ -30,7 +30,7 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
-from benchmarks.common import fmt_bytes, fmt_num, interleaved, md_row, measure_memory, paired_ratio
+from benchmarks.common import fmt_num, fmt_peak, interleaved, md_row, measure_memory, paired_ratio
 from benchmarks.mask_build import LOW_PROB_SHARE
 from stapo.s2t import detect_spurious
 from stapo.verl_plugin.losses import STAPOLossFn
@@ -248,7 +248,6 @@ def render(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cuda = f" (CUDA peak {fmt_bytes(r['cuda_peak_bytes'])})" if r.get("cuda_peak_bytes") is not None else ""
         lines.append(
             md_row(
                 r["case"],
@@ -257,7 +256,7 @@ def render(rows: list[dict]) -> str:
                 fmt_num(r["spread"]),
                 f"{fmt_num(r['ratio_vs_vanilla'], 3)}, {fmt_num(r['paired_vs_vanilla'], 3)}",
                 f"{fmt_num(r['ratio_vs_vanilla_H'], 3)}, {fmt_num(r['paired_vs_vanilla_H'], 3)}",
-                f"{fmt_bytes(r.get('peak_tensor_bytes'))}{cuda}",
+                fmt_peak(r),
                 fmt_num(r.get("mem_ratio_vs_vanilla"), 3),
                 f"{r.get('largest_numel', 0):,} ({fmt_num(r.get('largest_per_token'))})",
             )

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 from stapo.data.rows import rl_row, write_rows

@@ -61,7 +61,9 @@ def analyze(
     eos_ids, pad_id = ids.eos_ids, ids.pad_id
 
     problems = make_rows(prompts, "train", seed, level)
-    texts = [tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) for row in problems]
+    texts = [
+        tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) for row in problems
+    ]
     encoded = tokenizer(texts, return_tensors="pt", padding=True)
     print(f"[analyze] sampling {prompts} prompts x {group_size} responses at temperature 1.0 ...", flush=True)
     with torch.no_grad():
@@ -119,9 +121,11 @@ def _response_mask(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
 
 def _print_report(metrics: dict, records: list[dict], decoded: list[str], rewards: torch.Tensor) -> None:
     print("\n=== S2T analysis (one STAPO detection step on real rollouts) ===")
-    print(f"responses: {len(decoded)}, accuracy {metrics['accuracy']:.2f}, groups with mixed rewards: {metrics['mixed_groups']}")
+    print(f"responses: {len(decoded)}, accuracy {metrics['accuracy']:.2f}, "
+          f"groups with mixed rewards: {metrics['mixed_groups']}")
     print(f"response tokens: {metrics['response_tokens']}, candidates (A>0, p<tau_p): {int(metrics['num_candidates'])}")
-    print(f"tau_h: {metrics['tau_h']:.4f}   silenced: {int(metrics['num_spurious'])}   mask ratio: {metrics['mask_ratio']:.2e}")
+    print(f"tau_h: {metrics['tau_h']:.4f}   silenced: {int(metrics['num_spurious'])}   "
+          f"mask ratio: {metrics['mask_ratio']:.2e}")
     print(
         "entropy p50/p80/p95: "
         f"{metrics['entropy_p50']:.3f} / {metrics['entropy_p80']:.3f} / {metrics['entropy_p95']:.3f}"

@@ -49,7 +49,8 @@ def test_spurious_records_and_summary(tmp_path):
     log_prob = torch.log(torch.full((2, 4), 1e-4))
     entropy = torch.full((2, 4), 0.5)
     vocab = {10: "a", 11: " 7", 12: "b", 13: "c", 20: "d", 21: "e", 22: "f", 23: "7"}
-    records = spurious_records(ids, mask, log_prob, entropy, lambda xs: "".join(vocab[x] for x in xs), context=2, step=3)
+    decode = lambda xs: "".join(vocab[x] for x in xs)  # noqa: E731
+    records = spurious_records(ids, mask, log_prob, entropy, decode, context=2, step=3)
     assert [(r["sample"], r["position"], r["token"], r["before"], r["after"]) for r in records] == [
         (0, 1, " 7", "a", "bc"),
         (1, 3, "7", "ef", ""),

@@ -190,5 +190,6 @@ def test_summary_reads_the_log_and_skips_a_torn_line(tmp_path):
     with (tmp_path / LOG_NAME).open("a") as handle:
         handle.write('{"token": "tor')  # a run killed mid-write
     assert write_summary(tmp_path, top=1) == [("7", 2)]
-    assert "| `7` | 2 |" in (tmp_path / SUMMARY_NAME).read_text() and "3 logged" in (tmp_path / SUMMARY_NAME).read_text()
+    summary = (tmp_path / SUMMARY_NAME).read_text()
+    assert "| `7` | 2 |" in summary and "3 logged" in summary
     assert write_summary(tmp_path / "missing") == []

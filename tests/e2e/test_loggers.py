@@ -12,11 +12,10 @@ import json
 import shlex
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from recipe.stapo.main_stapo import CONF_DIR
 from stapo.verl_plugin.loggers import ENV_VARS, prepare_loggers
+from tests.recipe_config import recipe_config
 
 PRESETS = {
     "console": ["console"],
@@ -26,9 +25,7 @@ PRESETS = {
 }
 
 
-def compose_recipe(*overrides: str):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return compose(config_name="stapo_trainer", overrides=list(overrides))
+compose_recipe = recipe_config
 
 
 @pytest.mark.parametrize("preset", ["tiny", "qwen3_8b"])

@@ -13,15 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
-from recipe.stapo.main_stapo import CONF_DIR
 from stapo.credentials import MASK, find_secrets, redact, redact_text
-from stapo.verl_plugin.loggers import wandb_env_defaults
 from stapo.validation import STAPOConfigError
+from stapo.verl_plugin.loggers import wandb_env_defaults
 from stapo.verl_plugin.run_checks import validate_run_config
+from tests.recipe_config import config_for_verl, recipe_config
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -42,13 +40,8 @@ def secret_env(monkeypatch):
 
 
 def resolved(*overrides: str):
-    """The config as the recipe hands it to verl (and verl to its loggers): hydra node dropped, resolved."""
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose(config_name="stapo_trainer", overrides=list(overrides), return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
+    """The config as the recipe hands it to verl (and verl to its loggers), resolved by the test itself."""
+    return config_for_verl(*overrides, resolve=False)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "smollm2", "qwen3_1p7b", "qwen3_8b", "qwen3_14b"])
@@ -75,8 +68,7 @@ def test_composed_configs_hold_no_credential_from_the_environment(secret_env, pr
     ],
 )
 def test_config_carrying_a_credential_is_refused_without_echoing_it(secret_env, override, named):
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = compose(config_name="stapo_trainer", overrides=["model_preset=tiny", override])
+    cfg = recipe_config("model_preset=tiny", override)
     with pytest.raises(STAPOConfigError) as error:
         validate_run_config(cfg)
     message = str(error.value)

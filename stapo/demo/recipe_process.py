@@ -1,0 +1,119 @@
+"""The recipe (``python -m recipe.stapo.main_stapo``) as a watched child process.
+
+One runner for everything that starts the real trainer from Python: ``stapo demo`` and ``stapo
+sweep`` (progress lines, ``trainer.log``), the CPU end-to-end tests and the benchmark (captured
+log, fault injection, a time limit). The child gets its own session, so whatever it starts (Ray's
+raylet, workers) is killed with it; its peak memory is sampled over the whole process tree.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+RECIPE = "recipe.stapo.main_stapo"
+# full Hydra tracebacks, every worker's lines (no Ray de-duplication), lines as they are printed
+BASE_ENV = {"HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
+SAMPLE_S = 0.5
+
+
+def recipe_command(overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", RECIPE, *overrides]
+
+
+def process_tree_rss(pid: int) -> int:
+    """Memory of a process and all its descendants, in bytes (0 once it is gone).
+
+    Proportional set size where the OS reports it (pages shared between Ray's processes, such as
+    the object store and the libraries, count once in total), else resident set size.
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += getattr(proc.memory_full_info(), "pss", None) or proc.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+@dataclass
+class ProcessRun:
+    returncode: int
+    seconds: float
+    peak_rss_bytes: int
+    timed_out: bool
+
+
+def run_recipe_process(
+    overrides: list[str],
+    on_line: Callable[[str, subprocess.Popen], None] | None = None,
+    on_tick: Callable[[float], None] | None = None,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> ProcessRun:
+    """Run the recipe until it exits (or ``timeout`` seconds, then its session is killed).
+
+    ``on_line(line, proc)`` sees every output line as it comes (stdout and stderr together);
+    ``on_tick(elapsed_s)`` is called every half second from the memory sampler. wandb stays
+    offline unless the caller's environment or ``env`` says otherwise. Ctrl-C stops the child
+    with SIGTERM (so checkpoints already written stay usable) and is raised again.
+    """
+    environ = dict(os.environ, **BASE_ENV)
+    environ.setdefault("WANDB_MODE", "offline")
+    environ.update(env or {})
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        recipe_command(overrides), cwd=cwd, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, errors="replace", start_new_session=True,
+    )
+    peak, timed_out, done = [0], [False], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(SAMPLE_S):
+            peak[0] = max(peak[0], process_tree_rss(proc.pid))
+            elapsed = time.monotonic() - started
+            if timeout is not None and elapsed > timeout:
+                timed_out[0] = True
+                _kill_session(proc.pid)
+                return
+            if on_tick is not None:
+                on_tick(elapsed)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        for line in proc.stdout:
+            if on_line is not None:
+                on_line(line, proc)
+        proc.wait()
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        raise
+    finally:
+        done.set()
+        sampler.join()
+        _kill_session(proc.pid)  # whatever of the child's session outlived it (a stray raylet)
+    return ProcessRun(proc.returncode, time.monotonic() - started, peak[0], timed_out[0])
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
