@@ -124,6 +124,9 @@ class MaskSpec:
     needs_entropy: bool
     sources: tuple[str, ...]
     ratios: dict[str, tuple[str, str]]
+    # counts the entry already totals over the detection scope (every rank of the group): a caller that
+    # sums the other counts over ranks must take these as they are
+    scope_counts: tuple[str, ...] = ()
 
 
 TOKEN_MASK_REGISTRY: dict[str, MaskSpec] = {}
@@ -142,6 +145,7 @@ def register_token_mask(
     needs_entropy: bool = False,
     sources: tuple[str, ...] = ("old",),
     ratios: dict[str, tuple[str, str]] | None = None,
+    scope_counts: tuple[str, ...] = (),
 ) -> Callable[[MaskFn], MaskFn]:
     """Decorator: register ``fn(inputs, settings) -> TokenMask`` under ``name`` (as verl's loss registry)."""
 
@@ -149,7 +153,7 @@ def register_token_mask(
         if name in TOKEN_MASK_REGISTRY and TOKEN_MASK_REGISTRY[name].fn is not fn:
             raise ValueError(f"token mask {name!r} is already registered")
         TOKEN_MASK_REGISTRY[name] = MaskSpec(
-            name, fn, needs_log_prob, needs_entropy, tuple(sources), {**COMMON_RATIOS, **(ratios or {})}
+            name, fn, needs_log_prob, needs_entropy, tuple(sources), {**COMMON_RATIOS, **(ratios or {})}, scope_counts
         )
         return fn
 
@@ -237,6 +241,7 @@ def no_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
         "positive_low_prob_frac": ("num_positive_low_prob", "num_positive"),
         "grad_bound_share_spurious": ("grad_bound_spurious", "grad_bound_positive"),
     },
+    scope_counts=("num_candidates",),
 )
 def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     """S2T (docs/algorithm.md section 2): drop spurious tokens from both the sum and the count."""

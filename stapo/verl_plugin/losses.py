@@ -33,7 +33,7 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
 from stapo.loss import masked_pg_losses, nan_gradient_loss, nonfinite_report
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask
+from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask
 from stapo.quantile import all_reduce_sum
 
 logger = logging.getLogger(__name__)
@@ -140,10 +140,13 @@ def _in_loss_mask(settings: MaskSettings, log_prob, advantages, response_mask) -
     built = build_token_mask(
         MaskInputs(response_mask, advantages, log_prob.detach(), context.entropy, context.dp_group), settings
     )
-    # one collective for every count: DP-global totals of this micro-batch
-    names = sorted(built.counts)
+    # one collective for every count: DP-global totals of this micro-batch (those the entry already
+    # totals over the group, such as the candidates of the shared threshold, are taken as they are)
+    scope = set(get_token_mask(settings.token_mask).scope_counts)
+    names = sorted(name for name in built.counts if name not in scope)
     local = torch.tensor([built.counts[name] for name in names], dtype=torch.float64, device=log_prob.device)
     totals = dict(zip(names, all_reduce_sum(local, context.dp_group).tolist()))
+    totals.update({name: built.counts[name] for name in scope if name in built.counts})
     context.report.update(totals)
     for name, value in built.stats.items():  # thresholds are DP-global already; a mean over micro-batches
         defined = value == value

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from stapo.masks import MaskSettings
 from stapo.verl_plugin.losses import REFUSED_METRIC
 from tests.reference import REFERENCES, reference_clipped_token_loss, reference_spurious
-from tests.reliability.test_numerics import NAN, PROMPT, Q, TAU_P, batch
+from tests.reliability.test_numerics import NAN, PROMPT, TAU_P, Q, batch
 
 WORLD = 2
 
@@ -85,7 +85,6 @@ def two_ranks():
 
 # the candidate count is DP-global already when the mask is built (detect_spurious all-reduces it);
 # the loss's one all-reduce of every count then sums it again: WORLD times the true count
-CANDIDATES_SUMMED_TWICE = "num_candidates"
 
 
 @pytest.mark.slow  # two spawned ranks import verl: ~10 s on an idle 2-core machine, ~80 s under a load of 10
@@ -103,8 +102,6 @@ def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean(two_ra
     assert got[0]["actor/stapo/_sum/tau_h"] == got[1]["actor/stapo/_sum/tau_h"] == tau_h == want["stats"]["tau_h"]
     # every count is a DP-global total on every rank (one all-reduce), equal to the union's loop count
     for key, value in want["counts"].items():
-        if key == CANDIDATES_SUMMED_TWICE:
-            continue  # see the xfail test below
         for rank in range(WORLD):
             rel = 1e-12 if key.startswith("grad_bound") else 0.0
             assert got[rank][f"actor/stapo/_sum/{key}"] == pytest.approx(value, rel=rel), (rank, key)
@@ -115,11 +112,6 @@ def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean(two_ra
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="lead's code: stapo.masks reports num_candidates already summed over the group, and "
-    "losses._in_loss_mask all-reduces every count again, so source=current reports WORLD x the candidates",
-)
 def test_in_loss_candidate_count_is_the_union_count(two_ranks):
     got, _, want = two_ranks
     for rank in range(WORLD):
