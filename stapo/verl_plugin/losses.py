@@ -177,8 +177,9 @@ def compute_policy_loss_masked_clip(
         mask, scale = _in_loss_mask(settings, log_prob, advantages, mask)
     clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
     clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    clip_c = config.get("clip_ratio_c", 3.0)
     pg_losses, flags = masked_pg_losses(
-        old_log_prob, log_prob, advantages, mask, clip_low, clip_high, config.get("clip_ratio_c", 3.0), rollout_is_weights
+        old_log_prob, log_prob, advantages, mask, clip_low, clip_high, clip_c, rollout_is_weights
     )
     if not mask.any():
         loss = pg_losses.sum() * 0.0  # nothing to learn here: keeps the graph, exact zero gradient
