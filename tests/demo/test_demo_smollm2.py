@@ -20,35 +20,18 @@ pytestmark = pytest.mark.timeout(1200)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _offline_env() -> dict[str, str]:
-    return dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+def stapo_cli(*args: str, timeout: int) -> subprocess.CompletedProcess:
+    """``stapo ARGS`` in a fresh interpreter, offline (no hub, wandb offline)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    command = [sys.executable, "-m", "stapo.cli", *args]
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_demo_analysis_runs_on_real_weights(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stapo.cli",
-            "demo",
-            "--analyze",
-            "--prompts",
-            "2",
-            "--group-size",
-            "4",
-            "--max-new-tokens",
-            "12",
-            "--out",
-            str(out),
-            "--tau-p",
-            "0.05",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=800,
-        env=_offline_env(),
+    proc = stapo_cli(
+        "demo", "--analyze", "--prompts", "2", "--group-size", "4", "--max-new-tokens", "12", "--out", str(out),
+        "--tau-p", "0.05", timeout=800,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "S2T analysis" in proc.stdout
@@ -63,34 +46,9 @@ def test_demo_analysis_runs_on_real_weights(tmp_path):
 @pytest.mark.e2e
 def test_demo_trains_stapo_and_grpo_and_plots_both(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stapo.cli",
-            "demo",
-            "--steps",
-            "2",
-            "--prompts",
-            "2",
-            "--group-size",
-            "4",
-            "--max-new-tokens",
-            "24",
-            "--heldout",
-            "4",
-            "--tau-p",
-            "0.05",
-            "--out",
-            str(out),
-            "--compare",
-            "grpo",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=1100,
-        env=_offline_env(),
+    proc = stapo_cli(
+        "demo", "--steps", "2", "--prompts", "2", "--group-size", "4", "--max-new-tokens", "24", "--heldout", "4",
+        "--tau-p", "0.05", "--out", str(out), "--compare", "grpo", timeout=1100,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for algo in ("stapo", "grpo"):
@@ -102,7 +60,8 @@ def test_demo_trains_stapo_and_grpo_and_plots_both(tmp_path):
         assert "reward/acc/mean" in steps[1] and "timing_s/step" in steps[2]
         assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
         config = (run / "config.yaml").read_text()
-        assert f"loss_mode: {'stapo' if algo == 'stapo' else 'vanilla'}" in config
+        assert "loss_mode: masked_clip" in config  # one objective; the algorithm is the token mask
+        assert f"token_mask: {'stapo' if algo == 'stapo' else 'none'}" in config
         summary = json.loads((run / "summary.json").read_text())
         assert summary["algo"] == algo and summary["peak_rss_gib"] > 0.1 and summary["heldout_acc_after"] is not None
     assert "actor/stapo/mask_ratio" in read_metrics(out / "stapo")[1]
@@ -131,12 +90,6 @@ def test_demo_rejects_bad_settings_before_loading_anything():
 
 
 def test_plot_command_refuses_a_folder_without_metrics(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "stapo.cli", "plot", str(tmp_path)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2 and "stapo.run_dir" in proc.stderr
+    proc = stapo_cli("plot", str(tmp_path), timeout=120)
+    assert proc.returncode == 2 and "neither metrics.jsonl nor a wandb offline run" in proc.stderr
     assert not Path(tmp_path / "plots").exists()
