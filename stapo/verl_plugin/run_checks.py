@@ -111,13 +111,25 @@ def _check_token_mask(config) -> None:
 LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+# losses whose clip_ratio_low bounds an importance weight from below without a 1 - eps floor (CISPO:
+# a large value switches the lower truncation off)
+NO_RATIO_FLOOR_LOSSES = ("cispo",)
+
+
 def check_clip_ratios(actor: Mapping[str, Any], prefix: str = "actor_rollout_ref.actor.") -> None:
-    """``clip_ratio``/``clip_ratio_low`` in [0, 1) (1 - eps must stay a positive ratio), ``clip_ratio_high``
-    >= 0, ``clip_ratio_c`` > 1 (verl's dual clip), all finite; ``None`` low/high fall back to clip_ratio."""
+    """``clip_ratio``/``clip_ratio_low`` in [0, 1] (1 - eps is the ratio's floor: 1 switches it off; any
+    value >= 0 for CISPO), ``clip_ratio_high`` >= 0, ``clip_ratio_c`` > 1 (verl's dual clip), all finite;
+    ``None`` low/high fall back to clip_ratio."""
+    loss_mode = (actor.get("policy_loss", None) or {}).get("loss_mode", "vanilla")
     for name in ("clip_ratio", "clip_ratio_low"):
         value = actor.get(name, None)
-        if value is not None and (not is_finite_number(value) or not 0.0 <= value < 1.0):
-            raise STAPOConfigError(f"{prefix}{name} must be in [0, 1) (paper: 0.2), got {value!r}")
+        if value is None:
+            continue
+        if loss_mode in NO_RATIO_FLOOR_LOSSES:
+            if not is_finite_number(value) or value < 0.0:
+                raise STAPOConfigError(f"{prefix}{name} must be a finite number >= 0 for {loss_mode}, got {value!r}")
+        elif not is_finite_number(value) or not 0.0 <= value <= 1.0:
+            raise STAPOConfigError(f"{prefix}{name} must be in [0, 1] (paper: 0.2), got {value!r}")
     value = actor.get("clip_ratio_high", None)
     if value is not None and (not is_finite_number(value) or value < 0.0):
         raise STAPOConfigError(f"{prefix}clip_ratio_high must be a finite number >= 0 (paper: 0.28), got {value!r}")

@@ -49,8 +49,8 @@ REJECTED = [
     (["algo=entropy20", f"{PL}.entropy_denominator=some"], f"{PL}.entropy_denominator must be one of ['all', 'kept']"),
     ([f"{PL}.loss_mode=stapoo"], f"{PL}.loss_mode must be one of ["),
     ([f"+{PL}.tau_pp=0.1"], f"unknown key(s) ['{PL}.tau_pp']"),
-    ([f"{ACTOR}.clip_ratio_low=1.2"], f"{ACTOR}.clip_ratio_low must be in [0, 1)"),
-    ([f"{ACTOR}.clip_ratio_low=-0.1"], f"{ACTOR}.clip_ratio_low must be in [0, 1)"),
+    ([f"{ACTOR}.clip_ratio_low=1.2"], f"{ACTOR}.clip_ratio_low must be in [0, 1]"),
+    ([f"{ACTOR}.clip_ratio_low=-0.1"], f"{ACTOR}.clip_ratio_low must be in [0, 1]"),
     ([f"{ACTOR}.clip_ratio_high=-0.1"], f"{ACTOR}.clip_ratio_high must be a finite number >= 0"),
     ([f"{ACTOR}.clip_ratio_c=1.0"], f"{ACTOR}.clip_ratio_c must be a finite number > 1"),
     ([f"{ACTOR}.loss_agg_mode=token-avg"], f"{ACTOR}.loss_agg_mode must be one of ['token-mean'"),
@@ -63,9 +63,11 @@ REJECTED = [
     ([f"{PL}.token_mask=stapoo"], f"{PL}.token_mask must be one of {sorted(TOKEN_MASK_REGISTRY)}, got 'stapoo'"),
     (["trainer.v1.trainer_mode=sync"],
      f"{PL}.token_mask=stapo needs trainer.v1.trainer_mode=stapo (got 'sync'): the STAPO trainer builds and folds"),
-    (["algo=entropy20", "trainer.v1.trainer_mode=sync"], f"{PL}.token_mask=entropy20 needs trainer.v1.trainer_mode=stapo"),
+    (["algo=entropy20", "trainer.v1.trainer_mode=sync"],
+     f"{PL}.token_mask=entropy20 needs trainer.v1.trainer_mode=stapo"),
     ([f"{PL}.loss_mode=stapo"], f"({PL}.loss_mode=stapo became loss_mode=masked_clip with token_mask=stapo)"),
-    ([f"{PL}.loss_mode=entropy20"], f"({PL}.loss_mode=entropy20 became loss_mode=masked_clip with token_mask=entropy20)"),
+    ([f"{PL}.loss_mode=entropy20"],
+     f"({PL}.loss_mode=entropy20 became loss_mode=masked_clip with token_mask=entropy20)"),
     ([f"{PL}.loss_mode=vanilla", f"{PL}.source=current", f"{ACTOR}.calculate_entropy=true"],
      f"{PL}.source=current builds the mask inside the loss, which only {PL}.loss_mode=masked_clip does"),
     (["algorithm.rollout_correction.bypass_mode=true"], "algorithm.rollout_correction.bypass_mode=true skips"),
@@ -182,6 +184,7 @@ RAY_STARTED = re.compile(r"Started a local Ray instance|ray init kwargs|ray\.ini
     [
         (f"{PL}.tau_pp=0.1", "tau_pp"),
         ("data.train_batch_size=6", f"data.train_batch_size (6) must be a multiple of {MINI} (4)"),
+        ("trainer.v1.trainer_mode=sync", f"{PL}.token_mask=stapo needs trainer.v1.trainer_mode=stapo"),
     ],
 )
 def test_recipe_process_exits_before_ray(override, expected):
