@@ -263,8 +263,7 @@ def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     low_entropy = less_than(entropy, split)
     # the lower bound of each token's squared logit-gradient norm at rho = 1 (docs/algorithm.md 5):
     # the share of it that the silenced tokens carry is what S2T removes from the update
-    bound = grad_norm_sq_lower_bound(prob, entropy, advantages, dtype=prob.dtype)
-    bound = torch.where(positive & torch.isfinite(bound), bound, torch.zeros((), dtype=bound.dtype))
+    bound = _positive_grad_bound(prob, entropy, advantages, positive)
     num_positive = count(positive)
     num_low_prob = count(low_prob)
     num_lowp_lowh = count(low_prob & low_entropy)
@@ -284,6 +283,16 @@ def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     }
     stats = {"tau_h": detection.tau_h, "quadrant_entropy_split": split, **entropy_percentiles(entropy, mask)}
     return TokenMask(spurious, spurious, counts, stats)
+
+
+def _positive_grad_bound(prob, entropy, advantages, positive) -> torch.Tensor:
+    """``grad_norm_sq_lower_bound`` at the positive-advantage tokens (0 elsewhere and where not finite),
+    computed in place in the batch's dtype: at 31M tokens every temporary of the batch costs ~0.1 s."""
+    if prob.numel() and prob.dtype == entropy.dtype == advantages.dtype:
+        bound = torch.neg(entropy).exp_().sub_(prob, alpha=2.0).add_(1.0).mul_(advantages).mul_(advantages)
+    else:
+        bound = grad_norm_sq_lower_bound(prob, entropy, advantages, dtype=prob.dtype)
+    return bound.masked_fill_(~(positive & torch.isfinite(bound)), 0.0)
 
 
 def high_entropy_keep(

@@ -15,6 +15,8 @@ import math
 import torch
 import torch.distributed as dist
 
+EXACT_LIMIT = 1 << 20  # masked_quantiles is exact up to this many positions
+
 
 def _lerp(a: float, b: float, t: float) -> float:
     """numpy's ``_lerp``: interpolate from the nearer end, which keeps t in [0.5, 1] exact at b."""
@@ -56,13 +58,18 @@ def quantile_of_sorted(sorted_values: torch.Tensor, q: float) -> float:
     return _interpolated(flat.numel(), q, lambda k: flat[k].item())
 
 
-def masked_quantiles(values: torch.Tensor, mask: torch.Tensor, qs: tuple[float, ...]) -> list[float]:
-    """Exact linear quantiles of ``values[mask]`` for several q, without gathering the selection.
+def masked_quantiles(
+    values: torch.Tensor, mask: torch.Tensor, qs: tuple[float, ...], max_exact: int = EXACT_LIMIT
+) -> list[float]:
+    """Linear quantiles of ``values[mask]`` for several q, without gathering the whole selection.
 
-    The positions outside ``mask`` are set to +inf, which only pushes them past every selected value,
-    so the k-th smallest of the selection is the k-th smallest of the whole array; one
-    ``numpy.partition`` finds every needed rank in a single O(n) pass. CPU tensors only (the driver);
-    anything else goes through :func:`linear_quantile`.
+    Exact up to ``max_exact`` positions: the positions outside ``mask`` are set to +inf, which only
+    pushes them past every selected value, so the k-th smallest of the selection is the k-th smallest
+    of the whole array; one ``numpy.partition`` finds every needed rank in a single pass. Above that
+    (a paper-size batch: 31M tokens) they are the exact quantiles of an evenly strided sample of about
+    ``max_exact`` positions: deterministic, with a rank error around 1/sqrt(max_exact) (0.1% at the
+    default), which is what a logged percentile needs, at a fraction of the cost. CPU tensors
+    only (the driver); anything else goes through :func:`linear_quantile`.
     """
     mask = mask.bool()
     if values.device.type != "cpu":
@@ -70,8 +77,12 @@ def masked_quantiles(values: torch.Tensor, mask: torch.Tensor, qs: tuple[float, 
         return [linear_quantile(selected, q, widen=False) for q in qs]
     import numpy as np
 
-    n = int(mask.sum())
-    array = torch.where(mask, values, torch.tensor(float("inf"), dtype=values.dtype)).reshape(-1)
+    flat, flat_mask = values.reshape(-1), mask.reshape(-1)
+    if flat.numel() > max_exact:
+        stride = -(-flat.numel() // max_exact)
+        flat, flat_mask = flat[::stride], flat_mask[::stride]
+    n = int(torch.count_nonzero(flat_mask))
+    array = torch.where(flat_mask, flat, torch.tensor(float("inf"), dtype=flat.dtype))
     array = array.float().numpy() if array.dtype == torch.bfloat16 else array.numpy()
     ranks = sorted({k for q in qs if n for k in _ranks(n, q)})
     if ranks:
