@@ -36,6 +36,11 @@ STUBS: dict[str, tuple[object, str]] = {
     "max_memory_allocated": (_zero, "perf/max_memory_allocated_gb"),
     "max_memory_reserved": (_zero, "perf/max_memory_reserved_gb"),
     "mem_get_info": (lambda *a, **k: (0, 0), "free/total device memory in the same logs"),
+    "set_rng_state": (
+        lambda state, *a, **k: torch.set_rng_state(state),
+        "on resume verl's load_rng_state hands rng_state['cpu'] to the device module when the device is 'cpu': "
+        "the CPU generator's own state, restored a second time",
+    ),
 }
 
 
