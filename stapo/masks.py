@@ -29,6 +29,9 @@ from stapo.gradnorm import grad_norm_sq_lower_bound
 from stapo.quantile import global_quantile, group_size, less_than, masked_quantiles
 from stapo.s2t import broadcast_advantages, detect_spurious
 from stapo.validation import (
+    ENTROPY20_TOP_FRACTION,
+    PAPER_ENTROPY_QUANTILE,
+    PAPER_TAU_P,
     STAPOConfigError,
     check_choice,
     check_entropy_quantile,
@@ -57,9 +60,9 @@ class MaskSettings:
 
     token_mask: str = "none"
     source: str = "old"
-    tau_p: float = 0.002
-    entropy_quantile: float = 0.75
-    entropy_top_fraction: float = 0.2
+    tau_p: float = PAPER_TAU_P
+    entropy_quantile: float = PAPER_ENTROPY_QUANTILE
+    entropy_top_fraction: float = ENTROPY20_TOP_FRACTION
     entropy_denominator: str = "all"
 
     def validate(self, prefix: str = "") -> None:

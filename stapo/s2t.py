@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from stapo.quantile import all_reduce_sum, global_quantile
-from stapo.validation import check_entropy_quantile, check_tau_p
+from stapo.validation import PAPER_ENTROPY_QUANTILE, PAPER_TAU_P, check_entropy_quantile, check_tau_p
 
 
 @dataclass(frozen=True)
@@ -64,8 +64,8 @@ def detect_spurious(
     entropy: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
-    tau_p: float = 0.002,
-    entropy_quantile: float = 0.75,
+    tau_p: float = PAPER_TAU_P,
+    entropy_quantile: float = PAPER_ENTROPY_QUANTILE,
     group: dist.ProcessGroup | None = None,
 ) -> S2TDetection:
     """Build the S2T mask; ``group=None`` makes this process the whole detection scope.
@@ -91,14 +91,7 @@ def detect_spurious(
     return S2TDetection(spurious=spurious, candidates=candidates, tau_h=tau_h, num_candidates=num_candidates)
 
 
-def spurious_mask(
-    log_prob: torch.Tensor,
-    entropy: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    tau_p: float = 0.002,
-    entropy_quantile: float = 0.75,
-    group: dist.ProcessGroup | None = None,
-) -> torch.Tensor:
-    """True where a token is spurious (same shape as ``log_prob``). See :func:`detect_spurious`."""
-    return detect_spurious(log_prob, entropy, advantages, response_mask, tau_p, entropy_quantile, group).spurious
+
+def spurious_mask(log_prob, entropy, advantages, response_mask, **settings) -> torch.Tensor:
+    """True where a token is spurious: ``detect_spurious(...).spurious`` (same keyword settings)."""
+    return detect_spurious(log_prob, entropy, advantages, response_mask, **settings).spurious

@@ -11,6 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+# the paper's values, written once: the defaults of stapo.masks.MaskSettings (and so of the typed
+# verl config) and of the pure functions, and the hints in the error messages
+PAPER_TAU_P = 0.002
+PAPER_ENTROPY_QUANTILE = 0.75
+ENTROPY20_TOP_FRACTION = 0.2
+
 
 class STAPOConfigError(ValueError):
     """A STAPO setting is out of range or contradicts another setting."""
@@ -22,18 +28,21 @@ def is_finite_number(value: Any) -> bool:
 
 def check_tau_p(value: Any, prefix: str = "") -> None:
     if not is_finite_number(value) or not 0.0 < value < 1.0:
-        raise STAPOConfigError(f"{prefix}tau_p must be a probability in (0, 1) (paper: 0.002), got {value!r}")
+        raise STAPOConfigError(f"{prefix}tau_p must be a probability in (0, 1) (paper: {PAPER_TAU_P}), got {value!r}")
 
 
 def check_entropy_quantile(value: Any, prefix: str = "") -> None:
     if not is_finite_number(value) or not 0.0 < value <= 1.0:
-        raise STAPOConfigError(f"{prefix}entropy_quantile must be in (0, 1] (paper: 0.75), got {value!r}")
+        raise STAPOConfigError(
+            f"{prefix}entropy_quantile must be in (0, 1] (paper: {PAPER_ENTROPY_QUANTILE}), got {value!r}"
+        )
 
 
 def check_top_fraction(value: Any, prefix: str = "") -> None:
     if not is_finite_number(value) or not 0.0 < value <= 1.0:
         raise STAPOConfigError(
-            f"{prefix}entropy_top_fraction must be in (0, 1] (20-Entropy baseline: 0.2), got {value!r}"
+            f"{prefix}entropy_top_fraction must be in (0, 1] (20-Entropy baseline: {ENTROPY20_TOP_FRACTION}), "
+            f"got {value!r}"
         )
 
 

@@ -23,6 +23,7 @@ from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_met
 from stapo.models.generation import load_for_generation
 from stapo.reward.arithmetic import compute_score
 from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
+from stapo.validation import PAPER_ENTROPY_QUANTILE, PAPER_TAU_P
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -50,8 +51,8 @@ def analyze(
     prompts: int = 8,
     group_size: int = 8,
     max_new_tokens: int = 48,
-    tau_p: float = 0.002,
-    entropy_quantile: float = 0.75,
+    tau_p: float = PAPER_TAU_P,
+    entropy_quantile: float = PAPER_ENTROPY_QUANTILE,
     seed: int = 0,
     level: str = "easy",
 ) -> dict:
