@@ -201,6 +201,9 @@ def main(argv: list[str]) -> int:
             written = plot_groups(args.run_dirs, out, args.group_by)
     except FileNotFoundError as error:
         parser.error(str(error))
+    from stapo.demo.token_map import analysis_plots
+
+    written += analysis_plots(args.run_dirs, out)  # the paper's probability-entropy map, silenced-token table
     for path in written:
         print(f"[plot] wrote {path}")
     return 0

@@ -73,3 +73,34 @@ def draw_token_map(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def analysis_plots(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+    """For every run folder with token samples: its probability-entropy map (tau_p from its config.yaml,
+    tau_h per step from its metrics) and, where it logged silenced tokens, its spurious-token table."""
+    from omegaconf import OmegaConf
+
+    from stapo.spurious_log import write_summary
+    from stapo.sweep.runs import read_run_metrics
+
+    written = []
+    for run_dir in map(Path, run_dirs):
+        if not run_dir.is_dir():
+            continue
+        config = run_dir / "config.yaml"
+        tau_p = (
+            OmegaConf.select(OmegaConf.load(config), "actor_rollout_ref.actor.policy_loss.tau_p")
+            if config.exists()
+            else None
+        )
+        try:
+            metrics = read_run_metrics(run_dir)
+        except FileNotFoundError:
+            metrics = {}
+        tau_h = {step: m["actor/stapo/tau_h"] for step, m in metrics.items() if "actor/stapo/tau_h" in m}
+        path = draw_token_map(run_dir, Path(out_dir) / f"token_map_{run_dir.resolve().name}.png", tau_p, tau_h)
+        if path is not None:
+            written.append(path)
+        if write_summary(run_dir):
+            written.append(run_dir / "spurious_summary.md")
+    return written

@@ -50,3 +50,23 @@ def test_token_map_png(tmp_path):
     out = draw_token_map(tmp_path, tmp_path / "plots" / "token_map.png", tau_p=0.002, tau_h_by_step={2: 1.0})
     assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
     assert draw_token_map(tmp_path / "nothing", tmp_path / "x.png") is None
+
+
+def test_stapo_plot_draws_the_map_of_a_run_folder(tmp_path):
+    from stapo.demo.plot import main
+
+    run = tmp_path / "stapo-seed1"
+    run.mkdir()
+    (run / "config.yaml").write_text("actor_rollout_ref:\n  actor:\n    policy_loss:\n      tau_p: 0.002\n")
+    (run / "metrics.jsonl").write_text(
+        "\n".join(
+            json.dumps({"step": s, "data": {"actor/stapo/tau_h": 1.0, "actor/entropy": 2.0, "critic/score/mean": 0.1}})
+            for s in (1, 2)
+        )
+        + "\n"
+    )
+    (run / "token_samples.jsonl").write_text(
+        json.dumps({"step": 2, "prob": 0.001, "entropy": 0.5, "advantage": 1.0, "silenced": True}) + "\n"
+    )
+    assert main([str(run), "--out", str(tmp_path / "plots")]) == 0
+    assert (tmp_path / "plots" / "token_map_stapo-seed1.png").stat().st_size > 5000
