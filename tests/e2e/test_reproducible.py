@@ -17,14 +17,14 @@ from tests.e2e.cpu_runs import Run, run_recipe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
-# wall-clock, throughput and memory readings: they measure the machine, not the run
+# wall-clock, throughput and memory readings: they measure the machine, not the run. On the tiny
+# preset these match timing_s/*, timing_per_token_ms/*, perf/{mfu/actor,throughput,time_per_step}
+# and actor/perf/{cpu_memory_used_gb,max_memory_allocated_gb,max_memory_reserved_gb}; 227 others are compared
 EXCLUDED_KEY_PATTERNS = (
     r"^timing_s/",  # seconds per phase
     r"^timing_per_token_ms/",  # milliseconds per token per phase
     r"(^|/)perf/(time_per_step|throughput|mfu/)",  # seconds per step, tokens per second, flops utilisation
     r"(^|/)perf/(max_memory|cpu_memory)",  # memory readings (perf/..., actor/perf/...)
-    r"^agent_loop/.*(generate_sequences|tool_calls|compute_score)",  # per-request seconds
-    r"^agent_loop/slowest/",  # which request was slowest (timing) and its sizes
 )
 STEPS = [1, 2]
 
