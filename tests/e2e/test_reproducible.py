@@ -42,8 +42,12 @@ def _rollouts(folder, step: int) -> list[tuple]:
 def _run(tmp_path, name: str, algo: str) -> tuple[Run, object]:
     dump = tmp_path / f"{name}_rollouts"
     run = run_recipe(
-        [f"algo={algo}", f"trainer.total_training_steps={len(STEPS)}", "trainer.save_freq=-1",
-         f"trainer.rollout_data_dir={dump}"],
+        [
+            f"algo={algo}",
+            f"trainer.total_training_steps={len(STEPS)}",
+            "trainer.save_freq=-1",
+            f"trainer.rollout_data_dir={dump}",
+        ],
         tmp_path / f"{name}_ckpt",
     )
     assert run.returncode == 0, run.log[-6000:]
@@ -68,17 +72,27 @@ def test_same_config_gives_identical_metrics_every_step(grpo_runs):
         assert _rollouts(first_dump, step) == _rollouts(second_dump, step)
     # a real update happened between the two steps, so step 2 is a check of the update too
     assert first.steps[1]["actor/grad_norm"] > 0
-    print(f"[e2e] compared {len(_comparable(first.steps[1]))} metrics; excluded "
-          f"{sorted(set(first.steps[1]) - set(_comparable(first.steps[1])))}")
-    print(f"[e2e] timing_s/gen per step: {[first.steps[s].get('timing_s/gen') for s in STEPS]}, "
-          f"{[second.steps[s].get('timing_s/gen') for s in STEPS]}")
+    print(
+        f"[e2e] compared {len(_comparable(first.steps[1]))} metrics; excluded "
+        f"{sorted(set(first.steps[1]) - set(_comparable(first.steps[1])))}"
+    )
+    print(
+        f"[e2e] timing_s/gen per step: {[first.steps[s].get('timing_s/gen') for s in STEPS]}, "
+        f"{[second.steps[s].get('timing_s/gen') for s in STEPS]}"
+    )
 
 
 def test_grpo_and_stapo_see_identical_first_rollouts(grpo_runs, tmp_path):
     (grpo, grpo_dump), _ = grpo_runs
     stapo, stapo_dump = _run(tmp_path, "stapo", "stapo")
-    for key in ("critic/score/mean", "critic/score/max", "response_length/mean", "response_length/max",
-                "prompt_length/mean", "training/rollout_probs_diff_max"):
+    for key in (
+        "critic/score/mean",
+        "critic/score/max",
+        "response_length/mean",
+        "response_length/max",
+        "prompt_length/mean",
+        "training/rollout_probs_diff_max",
+    ):
         assert stapo.steps[1][key] == grpo.steps[1][key], key
     rollouts = _rollouts(stapo_dump, 1)
     assert rollouts == _rollouts(grpo_dump, 1)

@@ -26,13 +26,16 @@ def test_a_trajectory_of_an_unknown_prompt_is_refused():
 
 def _buffer(mode="sync"):
     return SubmissionOrderReplayBuffer(
-        trainer_mode=mode, trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+        trainer_mode=mode,
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
         sampler_kwargs={},
     )
 
 
 def test_buffer_selects_and_materialises_in_submission_order(monkeypatch):
-    import verl.trainer.ppo.v1.replay_buffer as replay_buffer
+    from verl.trainer.ppo.v1 import replay_buffer
 
     cleared = []  # no TransferQueue controller in a unit test (the e2e runs the real one): record the clear
     monkeypatch.setattr(replay_buffer.tq, "kv_clear", lambda **kw: cleared.append(kw))
@@ -53,8 +56,10 @@ def test_buffer_is_sync_only():
 
 
 def _config(**extra):
-    base = {"actor_rollout_ref": {"rollout": {"agent": {"default_agent_loop": "single_turn_agent"}}},
-            "trainer": {"v1": {"sampler": {"custom_sampler": {"path": None, "name": None}}}}}
+    base = {
+        "actor_rollout_ref": {"rollout": {"agent": {"default_agent_loop": "single_turn_agent"}}},
+        "trainer": {"v1": {"sampler": {"custom_sampler": {"path": None, "name": None}}}},
+    }
     config = OmegaConf.merge(base, extra)
     OmegaConf.set_struct(config, True)
     return config
@@ -68,8 +73,10 @@ def test_pin_sets_the_seeded_loop_and_the_ordered_buffer():
 
 
 def test_pin_keeps_what_the_user_chose():
-    config = _config(actor_rollout_ref={"rollout": {"agent": {"default_agent_loop": "tool_agent"}}},
-                     algorithm={"filter_groups": {"enable": True}})
+    config = _config(
+        actor_rollout_ref={"rollout": {"agent": {"default_agent_loop": "tool_agent"}}},
+        algorithm={"filter_groups": {"enable": True}},
+    )
     assert pin_reproducibility(config) == []
     assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
     assert config.trainer.v1.sampler.custom_sampler.name is None

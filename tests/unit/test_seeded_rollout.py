@@ -23,8 +23,16 @@ EOS = 1
 def model_dir(tmp_path_factory):
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=128, eos_token_id=EOS, pad_token_id=0,
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        eos_token_id=EOS,
+        pad_token_id=0,
     )
     folder = tmp_path_factory.mktemp("qwen3_small")
     Qwen3ForCausalLM(config).save_pretrained(folder)
@@ -114,8 +122,12 @@ def test_seed_identifies_step_prompt_and_sample():
     seed = seed_for_request(42, base)
     assert seed == seed_for_request(42, dict(base, uid="another-uuid4"))  # the uid is random per run
     assert 0 <= seed < 2**63
-    for change in ({"session_id": 1}, {"global_steps": 4}, {"index": 8},
-                   {"raw_prompt": [{"role": "user", "content": "1+2"}]}):
+    for change in (
+        {"session_id": 1},
+        {"global_steps": 4},
+        {"index": 8},
+        {"raw_prompt": [{"role": "user", "content": "1+2"}]},
+    ):
         assert seed_for_request(42, dict(base, **change)) != seed, change
     assert seed_for_request(43, base) != seed
     # pinned: a seed must not change with the Python version, the machine or the process

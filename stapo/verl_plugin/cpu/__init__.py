@@ -45,10 +45,10 @@ def enable_for_run(config) -> bool:
     Asked for when ``STAPO_CPU_BACKEND=1`` is in the driver's environment or in the config's Ray
     runtime env, or when ``trainer.device=cpu`` and this machine has no CUDA device. When asked,
     the flag is set in this process and written into ``ray_kwargs.ray_init.runtime_env.env_vars``
-    (every Ray worker imports verl, and with it this package, under that environment), and the
+    (every Ray worker imports verl, and with it this package, under that environment), the
     back-end is activated in the driver, and the run is made reproducible (``pin_reproducibility``:
-seeded requests, batch in submission order). ``trainer.device=cpu`` on a CUDA machine without the flag
-    is refused: the CPU back-end replaces verl's platform and is never chosen by accident there.
+    seeded requests, batch in submission order). ``trainer.device=cpu`` on a CUDA machine without
+    the flag is refused: the CPU back-end replaces verl's platform and is never chosen by accident there.
     """
     import torch
     from omegaconf import OmegaConf

@@ -21,8 +21,8 @@ def init_gloo_process_group(timeout_second=None, backend=None):
         return
     torch.distributed.init_process_group(
         backend="gloo",
-        rank=int(os.environ.get("RANK", 0)),
-        world_size=int(os.environ.get("WORLD_SIZE", 1)),
+        rank=int(os.environ.get("RANK", "0")),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
         timeout=timedelta(seconds=timeout_second) if timeout_second is not None else None,
         init_method=os.environ.get("DIST_INIT_METHOD", None),
     )
@@ -40,7 +40,7 @@ def _unpinned_offload_policy(policy_cls):
 
 
 def apply() -> None:
-    import verl.workers.engine_workers as engine_workers
+    from verl.workers import engine_workers
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp import transformer_impl
 

@@ -7,7 +7,7 @@ resource pools count that resource; nothing ever touches a CUDA device.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
@@ -38,8 +38,10 @@ STUBS: dict[str, tuple[object, str]] = {
     "mem_get_info": (lambda *a, **k: (0, 0), "free/total device memory in the same logs"),
     "set_rng_state": (
         lambda state, *a, **k: torch.set_rng_state(state),
-        "on resume verl's load_rng_state hands rng_state['cpu'] to the device module when the device is 'cpu': "
-        "the CPU generator's own state, restored a second time",
+        (
+            "on resume verl's load_rng_state hands rng_state['cpu'] to the device module when the device is "
+            "'cpu': the CPU generator's own state, restored a second time"
+        ),
     ),
 }
 
@@ -94,7 +96,7 @@ class PlatformStapoCPU(PlatformBase):
     def set_device(self, device_index: int) -> None:
         return None
 
-    def synchronize(self, device_index: Optional[int] = None) -> None:
+    def synchronize(self, device_index: int | None = None) -> None:
         return None
 
     def manual_seed(self, seed: int) -> None:
@@ -109,7 +111,7 @@ class PlatformStapoCPU(PlatformBase):
     def empty_cache(self) -> None:
         return None
 
-    def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
 
     def communication_backend_name(self) -> str:

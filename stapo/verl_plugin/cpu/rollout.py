@@ -120,7 +120,7 @@ class HFGenerationServer:
         return Sampling(
             temperature=float(params.get("temperature", 1.0)),
             top_p=float(params.get("top_p", 1.0)),
-            top_k=top_k if top_k > 0 else 0,
+            top_k=max(0, top_k),
             max_tokens=max_tokens,
             logprobs=bool(params.get("logprobs", False)),
         )
