@@ -23,11 +23,16 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.verl_plugin.cpu import enable_for_run
     from stapo.verl_plugin.loggers import prepare_loggers
     from stapo.verl_plugin.registration import assert_registered
+    from stapo.verl_plugin.seeding import pin_reproducibility
     from stapo.verl_plugin.run_checks import validate_run_config
 
     # the driver already imported verl: the CPU back-end is switched on here (when asked, or for
     # trainer.device=cpu without CUDA) and passed to the workers through Ray's runtime env
     enable_for_run(config)
+    # every run, GPU ones too: per-request rollout seeds (vLLM takes them from sampling_params) and
+    # the batch in submission order, so two algorithms with the same seeds share their first rollouts
+    for setting in pin_reproducibility(config):
+        print(f"[stapo] paired rollouts (docs/reproducibility.md): {setting}", flush=True)
     assert_registered()
     validate_run_config(config)
     stapo = config.stapo
