@@ -11,8 +11,9 @@ What "agree" can mean when bf16 rounds p and H:
 2. **A real model's forward** in fp32 vs under ``torch.autocast("cpu", bfloat16)`` (what verl's FSDP
    engine does when ``mixed_precision.param_dtype=bf16``): p and H differ by bf16 rounding of the logits,
    so tokens near tau_p or near tau_h can flip. Measured on the tiny Qwen3 (4 x 64 response tokens, seed
-   0): 4 of 113 spurious tokens flip (``MAX_FLIPS`` allows 6); every flipped token sits within the measured |dH| of tau_h or
-   within the measured |dp| of tau_p, i.e. the difference is only where bf16 cannot tell the sides apart.
+   0): 4 of 113 spurious tokens flip (``MAX_FLIPS`` allows 6); every flipped token sits within the
+   measured |dH| of tau_h or within the measured |dp| of tau_p, i.e. the difference is only where bf16
+   cannot tell the sides apart.
 """
 
 from __future__ import annotations
