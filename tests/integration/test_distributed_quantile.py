@@ -115,5 +115,6 @@ def test_global_threshold_equals_single_process(world):
             if key in GLOBAL_COUNTS:
                 continue
             total = sum(results[rank]["masks"][name][2][key] for rank in range(world))
-            assert total == pytest.approx(value, rel=1e-12 if key.startswith("grad_bound") else 0.0), (name, key)
+            # the bound is summed in the batch's dtype (float32 here), the reference in float64
+            assert total == pytest.approx(value, rel=1e-5 if key.startswith("grad_bound") else 0.0), (name, key)
     assert single.spurious.any() and any(any(row) for row in single_masks["entropy20"]["drop_response"])

@@ -94,9 +94,12 @@ VARIANTS = [(name, {}) for name in sorted(TOKEN_MASK_REGISTRY)] + [
 ]
 
 
+VARIANT_IDS = [f"{n}-{'-'.join(map(str, e.values())) or 'defaults'}" for n, e in VARIANTS]
+
+
 @pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("splits", [[10], [3, 4, 3], [1] * 10])
-@pytest.mark.parametrize("name, extra", VARIANTS, ids=[f"{n}-{'-'.join(map(str, e.values())) or 'defaults'}" for n, e in VARIANTS])
+@pytest.mark.parametrize("name, extra", VARIANTS, ids=VARIANT_IDS)
 def test_every_folded_mask_gives_the_reference_loss_and_gradient(name, extra, splits, seed):
     tensors, lengths, prompt_lens = random_batch(seed)
     settings = MaskSettings(token_mask=name, **extra)
@@ -129,10 +132,12 @@ def test_masked_clip_is_verls_vanilla_objective_over_the_folded_mask(agg):
     rows["rollout_is_weights"] = [(0.5 + weights[i, :n]) for i, n in enumerate(lengths)]
     results = {}
     for mode in ("masked_clip", "vanilla"):
-        overrides = stapo_overrides(loss_mode=mode, token_mask="stapo") + [f"actor_rollout_ref.actor.loss_agg_mode={agg}"]
+        overrides = stapo_overrides(loss_mode=mode, token_mask="stapo")
+        overrides.append(f"actor_rollout_ref.actor.loss_agg_mode={agg}")
         config = omega_conf_to_dataclass(compose_verl(overrides).actor_rollout_ref.actor)
         total, grads, metrics = run_micro_batches(STAPOLossFn(config), rows, prompt_lens, [4, 6], int(loss_mask.sum()))
-        clip = {k: [float(v) for v in m.values] for k, m in metrics[0].items() if k.startswith("actor/pg_") or k == "actor/ppo_kl"}
+        clip_metrics = {k: m for k, m in metrics[0].items() if k.startswith(("actor/pg_", "actor/ppo_kl"))}
+        clip = {k: [float(v) for v in m.values] for k, m in clip_metrics.items()}
         results[mode] = (total, grads, clip)
     (ours, our_grads, our_clip), (theirs, their_grads, their_clip) = results["masked_clip"], results["vanilla"]
     assert ours == pytest.approx(theirs, rel=1e-12) and ours != 0.0
@@ -222,3 +227,19 @@ def test_folded_masks_need_no_wrapper_context():
     stock, _ = ppo_loss(config, model_output, data)
     wrapped, _, _ = run_micro_batches(STAPOLossFn(config), rows, prompt_lens, [len(lengths)], int(loss_mask.sum()))
     assert float(stock.detach()) == pytest.approx(wrapped, rel=1e-12)
+
+
+def test_in_loss_step_metrics_are_step_totals_and_means_where_defined():
+    """verl hands the trainer each SUM metric summed over a mini-batch's micro-batches and averaged over
+    the mini-batches; counts become step totals, thresholds the mean over the micro-batches that had one."""
+    reduced = {
+        "actor/stapo/_sum/num_spurious": 3.0,
+        "actor/stapo/_sum/tau_h": 2.4,
+        "actor/stapo/_sum/tau_h#defined": 2.0,
+        "actor/stapo/_sum/entropy_p50": 0.0,
+        "actor/stapo/_sum/entropy_p50#defined": 0.0,
+        "actor/pg_loss": 7.0,
+    }
+    counts, stats = in_loss_step_metrics(reduced, updates_per_epoch=4)
+    assert counts == {"num_spurious": 12.0}
+    assert stats["tau_h"] == pytest.approx(1.2) and math.isnan(stats["entropy_p50"]) and len(stats) == 2

@@ -52,7 +52,7 @@ def actor_config(**policy_loss):
     return copy.deepcopy(_actor_config(tuple(sorted(policy_loss.items()))))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _actor_config(policy_loss: tuple):
     # a Hydra composition takes seconds on a loaded 2-core machine; each distinct config is composed once
     return omega_conf_to_dataclass(compose_verl(stapo_overrides(**dict(policy_loss))).actor_rollout_ref.actor)
@@ -106,7 +106,9 @@ def make_micro_batch(
     return model_output, data, leaf
 
 
-def fold_as_trainer(tensors: dict[str, torch.Tensor], settings: MaskSettings) -> tuple[torch.Tensor, torch.Tensor, TokenMask]:
+def fold_as_trainer(
+    tensors: dict[str, torch.Tensor], settings: MaskSettings
+) -> tuple[torch.Tensor, torch.Tensor, TokenMask]:
     """``source: old``: the mask over the whole batch from the old-policy pass, folded as the STAPO trainer
     does (``STAPOTrainer._compute_advantage``). Returns padded ``(response_mask, loss_mask, built)``."""
     mask = tensors["response_mask"].bool()

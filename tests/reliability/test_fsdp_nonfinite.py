@@ -96,10 +96,11 @@ def _worker(rank: int, port: int, results) -> None:
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
+        from types import SimpleNamespace
+
         import verl  # noqa: F401  (loads the plugin, which switches verl to the CPU platform)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        from types import SimpleNamespace
         from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
         from tests.integration.verl_batches import actor_config

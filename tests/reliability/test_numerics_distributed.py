@@ -83,10 +83,6 @@ def two_ranks():
     return [results[rank] for rank in range(WORLD)], (old, new, entropy, advantages, mask), want
 
 
-# the candidate count is DP-global already when the mask is built (detect_spurious all-reduces it);
-# the loss's one all-reduce of every count then sums it again: WORLD times the true count
-
-
 @pytest.mark.slow  # two spawned ranks import verl: ~10 s on an idle 2-core machine, ~80 s under a load of 10
 def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean(two_ranks):
     got, (old, new, entropy, advantages, mask), want = two_ranks
@@ -113,6 +109,7 @@ def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean(two_ra
 
 @pytest.mark.slow
 def test_in_loss_candidate_count_is_the_union_count(two_ranks):
+    """num_candidates is a total over the group when the mask is built: the loss must not sum it over ranks again."""
     got, _, want = two_ranks
     for rank in range(WORLD):
         assert got[rank]["actor/stapo/_sum/num_candidates"] == want["counts"]["num_candidates"], rank
