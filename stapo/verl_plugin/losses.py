@@ -32,7 +32,7 @@ from verl.utils.torch_functional import masked_mean
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from stapo.loss import masked_pg_losses, nan_gradient_loss, nonfinite_report
+from stapo.loss import masked_pg_losses, nan_gradient_loss, nonfinite_report, outside_mask_zeroed
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask
 from stapo.quantile import all_reduce_sum
 
@@ -95,13 +95,22 @@ class STAPOLossFn:
             loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
         finally:
             _UPDATE_CONTEXT.reset(token)
-        metrics[LOSS_TOKENS_METRIC] = Metric(AggregationType.MAX, float(data["batch_num_tokens"]))
-        refused = not bool(torch.isfinite(loss))
+        batch_tokens = float(data["batch_num_tokens"])
+        metrics[LOSS_TOKENS_METRIC] = Metric(AggregationType.MAX, batch_tokens)
+        # a mini-batch without any loss token (every rank): verl's token-mean KL/entropy terms are 0/0
+        # there, but nothing is wrong and nothing is to be learnt: an exact zero, not a refusal
+        empty = batch_tokens == 0
+        refused = not empty and not bool(torch.isfinite(loss))
         metrics[REFUSED_METRIC] = Metric(AggregationType.SUM, float(refused))
-        if refused:
-            logger.warning("actor loss is %s on this micro-batch; the update is skipped on every rank", float(loss))
+        if empty or refused:
             log_prob = no_padding_2_padding(model_output["log_probs"], data)
-            loss = nan_gradient_loss(log_prob, data.select("response_mask").to_padded_tensor()["response_mask"])
+            response_mask = data.select("response_mask").to_padded_tensor()["response_mask"]
+        if empty:
+            (nothing,) = outside_mask_zeroed(torch.zeros_like(response_mask, dtype=torch.bool), log_prob)
+            loss = nothing.sum()  # 0, still connected to the graph, zero gradient
+        elif refused:
+            logger.warning("actor loss is %s on this micro-batch; the update is skipped on every rank", loss.item())
+            loss = nan_gradient_loss(log_prob, response_mask)
         for key, value in context.report.items():
             metrics[IN_LOSS_PREFIX + key] = Metric(AggregationType.SUM, value)
         return loss, metrics

@@ -136,19 +136,7 @@ def through_the_loss(source: str, old, new, entropy, advantages, mask, config=No
     return loss, grads, counts, metrics, settings, inputs
 
 
-ZERO_TOKENS_WITH_ENTROPY = pytest.mark.xfail(
-    strict=True,
-    reason="lead's code: with the update's entropy in the model output (source=current, calculate_entropy or "
-    "entropy_coeff != 0) verl's entropy term is masked_sum / batch_num_tokens = 0 / 0 on a mini-batch without "
-    "loss tokens, so the wrapper refuses a micro-batch that holds no bad value (see "
-    "test_zero_token_mini_batch_with_update_entropy_is_an_exact_zero)",
-)
-EMPTY_WITH_ENTROPY = ("all_tokens_masked", "current")
-DEGENERATE = [
-    pytest.param(case, source, marks=ZERO_TOKENS_WITH_ENTROPY if (case, source) == EMPTY_WITH_ENTROPY else ())
-    for case in sorted(CASES)
-    for source in ("old", "current")
-]
+DEGENERATE = [(case, source) for case in sorted(CASES) for source in ("old", "current")]
 
 
 @pytest.mark.parametrize("case, source", DEGENERATE)
@@ -239,7 +227,6 @@ def test_micro_batch_without_loss_tokens_is_an_exact_zero():
     assert metric_values(metrics)[REFUSED_METRIC] == 0.0
 
 
-@ZERO_TOKENS_WITH_ENTROPY
 @pytest.mark.parametrize("source", ["old", "current"])
 def test_zero_token_mini_batch_with_update_entropy_is_an_exact_zero(source):
     """Every value finite, no loss token in the whole mini-batch (all responses empty), the update's forward
