@@ -24,6 +24,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from stapo.models.generation import generation_ids
 from stapo.verl_plugin.cpu.sampling import Sampling, sample_request
 
 logger = logging.getLogger(__name__)
@@ -58,8 +59,7 @@ class HFGenerationServer:
         ).eval()
         self.response_length = response_length
         self.prompt_length = prompt_length
-        eos = self.model.generation_config.eos_token_id
-        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        self.eos_ids = generation_ids(self.model.generation_config).eos_ids
         self.global_steps = None
         self.weight_version = 0
         self.threads = threads if threads > 0 else max(1, min(4, os.cpu_count() or 1))
