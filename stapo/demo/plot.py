@@ -59,8 +59,9 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
     ]
 
 
-def draw(runs: dict[str, dict[int, dict[str, float]]], out_dir: Path) -> list[Path]:
-    """One PNG per figure that has data; returns the files written."""
+def _draw_figures(out_dir: Path, draw_panel, legend: dict) -> list[Path]:
+    """One PNG per figure of ``FIGURES`` that has data. ``draw_panel(ax, panel)`` draws the panel's
+    series and returns how many; axes, titles and the empty-panel note are the same for every plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -72,18 +73,13 @@ def draw(runs: dict[str, dict[int, dict[str, float]]], out_dir: Path) -> list[Pa
         fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3 * len(panels)), squeeze=False)
         drawn = 0
         for ax, panel in zip(axes[:, 0], panels, strict=True):
-            for label, steps in runs.items():
-                found = series(steps, panel.keys)
-                if found is not None:
-                    _, xs, ys = found
-                    ax.plot(xs, ys, marker="o", markersize=3, label=label)
-                    drawn += 1
+            drawn += draw_panel(ax, panel)
             ax.set_title(panel.title)
             ax.set_xlabel("step")
             ax.set_ylabel(panel.ylabel)
             ax.grid(alpha=0.3)
             if ax.lines:
-                ax.legend()
+                ax.legend(**legend)
             else:
                 ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
         if drawn:
@@ -93,6 +89,22 @@ def draw(runs: dict[str, dict[int, dict[str, float]]], out_dir: Path) -> list[Pa
             written.append(path)
         plt.close(fig)
     return written
+
+
+def draw(runs: dict[str, dict[int, dict[str, float]]], out_dir: Path) -> list[Path]:
+    """One line per run; returns the files written."""
+
+    def draw_panel(ax, panel: Panel) -> int:
+        drawn = 0
+        for label, steps in runs.items():
+            found = series(steps, panel.keys)
+            if found is not None:
+                _, xs, ys = found
+                ax.plot(xs, ys, marker="o", markersize=3, label=label)
+                drawn += 1
+        return drawn
+
+    return _draw_figures(out_dir, draw_panel, {})
 
 
 def summary_rows(runs: dict[str, dict[int, dict[str, float]]]) -> list[str]:
@@ -124,43 +136,24 @@ def group_series(runs: list[RunData], keys: tuple[str, ...]) -> tuple[list[int],
 
 
 def draw_groups(groups: dict[str, list[RunData]], out_dir: Path) -> list[Path]:
-    """One PNG per figure with data: per group its mean over seeds and a +- s.e. band."""
-    import matplotlib
+    """Per group its mean over seeds and a +- s.e. band; returns the files written."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, panels in FIGURES.items():
-        fig, axes = plt.subplots(len(panels), 1, figsize=(7, 3 * len(panels)), squeeze=False)
+    def draw_panel(ax, panel: Panel) -> int:
         drawn = 0
-        for ax, panel in zip(axes[:, 0], panels, strict=True):
-            for label, runs in groups.items():
-                steps, means, ses = group_series(runs, panel.keys)
-                if not steps:
-                    continue
-                (line,) = ax.plot(steps, means, marker="o", markersize=3, label=f"{label} (n={len(runs)})")
-                lows = [m - se if se is not None else m for m, se in zip(means, ses, strict=True)]
-                highs = [m + se if se is not None else m for m, se in zip(means, ses, strict=True)]
-                if any(se is not None for se in ses):
-                    ax.fill_between(steps, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
-                drawn += 1
-            ax.set_title(panel.title)
-            ax.set_xlabel("step")
-            ax.set_ylabel(panel.ylabel)
-            ax.grid(alpha=0.3)
-            if ax.lines:
-                ax.legend(title="mean ± s.e. over seeds", fontsize="small", title_fontsize="small")
-            else:
-                ax.text(0.5, 0.5, "not logged by these runs", ha="center", va="center", transform=ax.transAxes)
-        if drawn:
-            fig.tight_layout()
-            path = out_dir / f"{name}.png"
-            fig.savefig(path, dpi=100)
-            written.append(path)
-        plt.close(fig)
-    return written
+        for label, runs in groups.items():
+            steps, means, ses = group_series(runs, panel.keys)
+            if not steps:
+                continue
+            (line,) = ax.plot(steps, means, marker="o", markersize=3, label=f"{label} (n={len(runs)})")
+            lows = [m - se if se is not None else m for m, se in zip(means, ses, strict=True)]
+            highs = [m + se if se is not None else m for m, se in zip(means, ses, strict=True)]
+            if any(se is not None for se in ses):
+                ax.fill_between(steps, lows, highs, color=line.get_color(), alpha=0.2, linewidth=0)
+            drawn += 1
+        return drawn
+
+    legend = {"title": "mean ± s.e. over seeds", "fontsize": "small", "title_fontsize": "small"}
+    return _draw_figures(out_dir, draw_panel, legend)
 
 
 def plot_groups(run_dirs: list[Path], out_dir: Path, group_by: str | None = None) -> list[Path]:
