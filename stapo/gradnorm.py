@@ -37,9 +37,10 @@ def grad_norm_sq_lower_bound(
     p: torch.Tensor, entropy: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype = torch.float64
 ) -> torch.Tensor:
     """``w^2 (1 - 2p + e^-H)``: the lower bound, which needs no vocabulary size (the S2T diagnostics
-    use it, in the batch's own ``dtype`` to avoid a float64 copy of the batch)."""
-    p, entropy, w2 = p.to(dtype), entropy.to(dtype), weight.to(dtype) ** 2
-    return w2 * (1.0 - 2.0 * p + torch.exp(-entropy))
+    use it, in the batch's own ``dtype`` to avoid a float64 copy of the batch). In place on one fresh
+    tensor: at 31M tokens every temporary of the batch costs ~0.1 s."""
+    p, entropy, weight = p.to(dtype), entropy.to(dtype), weight.to(dtype)
+    return torch.neg(entropy).exp_().sub_(p, alpha=2.0).add_(1.0).mul_(weight).mul_(weight)
 
 
 def grad_norm_bounds(
