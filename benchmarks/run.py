@@ -27,6 +27,7 @@ DOC = ROOT / "BENCHMARKS.md"
 REGISTRY = {
     "loss": "benchmarks.loss_path",
     "mask": "benchmarks.mask_build",
+    "tq": "benchmarks.tq_roundtrip",
     "quantile": "benchmarks.dp_quantile",
     "entropy": "benchmarks.entropy",
     "e2e": "benchmarks.e2e_step",

@@ -17,15 +17,12 @@ from __future__ import annotations
 import logging
 import math
 
-import torch
-import transfer_queue as tq
-from tensordict import TensorDict
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
-from verl.workers.utils.padding import response_to_nested
 
-from stapo.masks import MaskInputs, build_token_mask, finalize_metrics, get_token_mask
+from stapo.masks import finalize_metrics, get_token_mask
+from stapo.verl_plugin.driver_mask import DriverMask, fold_masks  # noqa: F401  (fold_masks: re-exported)
 from stapo.verl_plugin.losses import (
     DEFINED_SUFFIX,
     IN_LOSS_PREFIX,
@@ -35,21 +32,11 @@ from stapo.verl_plugin.losses import (
     mask_settings,
 )
 from stapo.verl_plugin.run_checks import validate_run_config
-from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics, reward_extra_means
+from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics
 
 logger = logging.getLogger(__name__)
 
 TRAINER_NAME = "stapo"
-
-
-def fold_masks(
-    response_mask: torch.Tensor, loss_mask: torch.Tensor, drop_response: torch.Tensor, drop_loss: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero the dropped positions, keeping each mask's dtype (padded (B, T) tensors)."""
-    return (
-        response_mask * (~drop_response).to(response_mask.dtype),
-        loss_mask * (~drop_loss).to(loss_mask.dtype),
-    )
 
 
 def in_loss_step_metrics(reduced: dict[str, float], updates_per_epoch: int) -> tuple[dict, dict]:
@@ -94,8 +81,15 @@ class STAPOTrainer(PPOTrainerSync):
         # typed, with the dataclass defaults for keys the yaml leaves out
         self._settings = mask_settings(omega_conf_to_dataclass(self.config.actor_rollout_ref.actor))
         self._mask = get_token_mask(self._settings.token_mask)
-        self._spurious_log = SpuriousTokenLog.from_config(self.config.get("stapo", {}))
-        self._diagnostics = StepDiagnostics.from_config(self.config.get("stapo", {}))
+        stapo_config = self.config.get("stapo", {})
+        self._driver_mask = DriverMask(
+            self._settings,
+            self._mask,
+            StepDiagnostics.from_config(stapo_config),
+            SpuriousTokenLog.from_config(stapo_config),
+            pad_token_id=self.tokenizer.pad_token_id,
+            tokenizer=self.tokenizer,
+        )
         self._expected_loss_tokens: float | None = None
 
     def _setup(self):
@@ -105,58 +99,12 @@ class STAPOTrainer(PPOTrainerSync):
         self.actor_rollout_wg.set_loss_fn(STAPOLossFn(actor_config))
 
     def _compute_advantage(self, batch, metrics: dict):
+        """verl's advantages, then the driver's one round trip: mask, fold, metrics (``driver_mask``)."""
         batch = super()._compute_advantage(batch, metrics)
-        metrics.update(self._reward_extra_metrics(batch))
-        self._expected_loss_tokens = None
-        step = self.global_steps
-        ablation = self._diagnostics.ablation_wanted(step)
-        sample = self._diagnostics.sample_wanted(step)
-        log_tokens = self._spurious_log.wants(step) and self._mask.name == "stapo" and self._settings.folded
-        if not (self._settings.folded or ablation or sample):
-            return batch
-        old_pass = ablation or sample or self._mask.needs_log_prob
-        fields = ["response_mask", "loss_mask", "advantages"]
-        fields += ["entropy"] if old_pass or self._mask.needs_entropy else []
-        fields += ["old_log_probs"] if old_pass else []
-        fields += ["responses"] if log_tokens else []
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        nested_response_mask = data["response_mask"]
-        if not torch.equal(nested_response_mask.offsets(), data["loss_mask"].offsets()):
-            raise RuntimeError(
-                "STAPO expects response-only loss_mask and response_mask of equal lengths (verl 0.9.1 v1 "
-                "agent loop); this verl version lays them out differently"
-            )
-        responses = data.pop("responses").to_padded_tensor(padding=self.tokenizer.pad_token_id) if log_tokens else None
-        padded = data.to_padded_tensor()
-        response_mask = padded["response_mask"].bool()
-        log_prob = padded["old_log_probs"].float() if "old_log_probs" in padded.keys() else None
-        entropy = padded["entropy"].float() if "entropy" in padded.keys() else None
-        advantages = padded["advantages"].float()
-        silenced = torch.zeros_like(response_mask)
-        if self._settings.folded:
-            built = build_token_mask(MaskInputs(response_mask, advantages, log_prob, entropy), self._settings)
-            silenced = built.drop_response
-            if log_tokens:
-                self._spurious_log.write(step, responses, built.drop_response, padded, self.tokenizer)
-            folded_response, folded_loss = fold_masks(
-                padded["response_mask"], padded["loss_mask"], built.drop_response, built.drop_count
-            )
-            fields = TensorDict(
-                {
-                    "response_mask": response_to_nested(folded_response, nested_response_mask),
-                    "loss_mask": response_to_nested(folded_loss, nested_response_mask),
-                },
-                batch_size=len(batch),
-            )
-            batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
-            self._expected_loss_tokens = float(torch.count_nonzero(folded_loss))
-            step_metrics = finalize_metrics(self._mask, built.counts, built.stats)
-            metrics.update({METRIC_PREFIX + key: value for key, value in step_metrics.items()})
-        if ablation:
-            metrics.update(self._diagnostics.ablation_metrics(log_prob, entropy, advantages, response_mask))
-        if sample:
-            self._diagnostics.write_sample(step, log_prob, entropy, advantages, response_mask, silenced)
-        return batch
+        result = self._driver_mask.round_trip(self.global_steps, batch.keys, batch.partition_id)
+        metrics.update(result.metrics)
+        self._expected_loss_tokens = result.expected_loss_tokens
+        return batch if result.batch is None else result.batch
 
     def _update_actor(self, batch, metrics: dict):
         update_metrics: dict = {}
@@ -181,11 +129,6 @@ class STAPOTrainer(PPOTrainerSync):
         metrics.update(update_metrics)
         return batch
 
-    def _reward_extra_metrics(self, batch) -> dict[str, float]:
-        """``reward/<key>/mean`` of the reward's numeric extra info (e.g. ``acc``) over the batch."""
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        return reward_extra_means(list(data["extra_fields"]))
-
     def _val_metrics_update(self, *args, **kwargs) -> dict[str, float]:
         """verl's validation metrics plus ``val/<benchmark>/acc`` and ``val/average/acc``."""
         from stapo.eval.val_metrics import benchmark_val_metrics
@@ -193,4 +136,3 @@ class STAPOTrainer(PPOTrainerSync):
         metrics = super()._val_metrics_update(*args, **kwargs)
         metrics.update(benchmark_val_metrics(metrics))
         return metrics
-

@@ -1,0 +1,215 @@
+"""The driver's whole STAPO round trip on a real TransferQueue holding a paper-size batch.
+
+``STAPOTrainer._compute_advantage`` calls ``DriverMask.round_trip`` (stapo/verl_plugin/driver_mask.py):
+one ``kv_batch_get`` of the fields the step needs (``extra_fields`` included), the S2T mask, the
+fold, one ``kv_batch_put`` of the two folded masks, the ablation grid, the token sample and the
+spurious-token log. This benchmark calls that same method, with every diagnostic on (the recipe's
+defaults: all of them every step), against TransferQueue 0.1.x as verl 0.9.1 starts it (``tq.init``
+on a local Ray, SimpleStorage, one storage unit as the CPU presets use), and reports each phase,
+the whole, and the driver's peak RSS above its level before the call.
+
+The batch is stored the way verl's v1 trainer leaves it after advantages: the agent loop puts each
+prompt group's jagged int64 ``responses``/``response_mask``/``loss_mask`` and its ``extra_fields``
+(reward info), the old-log-prob pass puts float32 ``old_log_probs``/``entropy``, the advantage step
+puts ``advantages``/``returns``. Values and lengths come from ``benchmarks.mask_build.paper_batch``.
+Between rounds the original masks are put back (outside the clock), so every round masks the same data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import fmt_bytes, fmt_num, md_row, rss_kib, rss_peak_reset
+from benchmarks.mask_build import TAU_P, Q, paper_batch
+
+GROUP = 8  # responses per prompt (the paper's rollout.n): the agent loop's puts come per prompt group
+PARTITION = "train"
+PHASES = ("get", "pad", "mask", "log", "fold", "put", "ablation", "sample")
+
+
+class _IdsTokenizer:
+    """Stands in for the tokenizer the spurious-token log decodes with (no model files here)."""
+
+    pad_token_id = 0
+
+    @staticmethod
+    def decode(ids, skip_special_tokens=False):
+        return " ".join(str(i) for i in ids)
+
+
+@contextlib.contextmanager
+def transfer_queue():
+    """A local Ray and TransferQueue started as verl's TaskRunner does (``tq.init(config.transfer_queue)``)."""
+    import ray
+    import transfer_queue as tq
+    from omegaconf import OmegaConf
+
+    logging.getLogger("transfer_queue").setLevel(logging.ERROR)  # a thread-count warning per put on 2 cores
+    ray_tmp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths are limited
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
+    try:
+        tq.init(OmegaConf.create({"backend": {"SimpleStorage": {"num_data_storage_units": 1}}}))
+        yield tq
+    finally:
+        with contextlib.suppress(Exception):
+            tq.close()
+        ray.shutdown()
+
+
+def _nested(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def store_batch(tq, responses: int, max_len: int, distribution: str, seed: int = 0) -> tuple[list[str], dict]:
+    """Put a paper-like batch into TransferQueue field group by field group, as verl's v1 step does."""
+    from tensordict import NonTensorStack, TensorDict
+
+    log_prob, entropy, advantages, _, lengths = paper_batch(responses, max_len, distribution, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    lens = lengths.tolist()
+    keys = [f"uid{i // GROUP}_{i % GROUP}_0" for i in range(responses)]
+    ids = [torch.randint(1, 50_000, (n,), generator=g) for n in lens]
+    masks = [torch.ones(n, dtype=torch.int64) for n in lens]
+    for start in range(0, responses, GROUP):  # the agent loop: one put per prompt group
+        rows = range(start, min(start + GROUP, responses))
+        fields = TensorDict(
+            {
+                "responses": _nested([ids[i] for i in rows]),
+                "response_mask": _nested([masks[i] for i in rows]),
+                "loss_mask": _nested([masks[i].clone() for i in rows]),
+                "extra_fields": NonTensorStack(*({"reward_extra_info": {"acc": float(i % 3 == 0)}} for i in rows)),
+            },
+            batch_size=len(rows),
+        )
+        tq.kv_batch_put(keys=[keys[i] for i in rows], partition_id=PARTITION, fields=fields)
+    for names, tensors in (
+        (("old_log_probs", "entropy"), (log_prob, entropy)),
+        (("advantages", "returns"), (advantages, advantages)),
+    ):
+        fields = {name: _nested([t[i, :n] for i, n in enumerate(lens)]) for name, t in zip(names, tensors)}
+        tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=responses))
+    originals = TensorDict(
+        {"response_mask": _nested(masks), "loss_mask": _nested([m.clone() for m in masks])}, batch_size=responses
+    )
+    info = {"tokens": int(lengths.sum()), "mean_len": float(lengths.float().mean())}
+    return keys, {"originals": originals, **info}
+
+
+def driver_mask(run_dir: Path):
+    """The trainer's ``DriverMask`` with the recipe's default diagnostics, writing into ``run_dir``."""
+    from stapo.masks import MaskSettings, get_token_mask
+    from stapo.verl_plugin.driver_mask import DriverMask
+    from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics
+
+    stapo_config = {
+        "run_dir": str(run_dir),
+        "spurious_log": {"every": 1, "max_tokens": 200, "context": 6},
+        "ablation": {"every": 1, "tau_p": [5e-4, 1e-3, 2e-3, 5e-3, 1e-2], "q": [0.5, 0.75, 0.9, 1.0]},
+        "token_sample": {"every": 1, "size": 2000},
+    }
+    settings = MaskSettings(token_mask="stapo", tau_p=TAU_P, entropy_quantile=Q)
+    tokenizer = _IdsTokenizer()
+    return DriverMask(
+        settings,
+        get_token_mask("stapo"),
+        StepDiagnostics.from_config(stapo_config),
+        SpuriousTokenLog.from_config(stapo_config),
+        pad_token_id=tokenizer.pad_token_id,
+        tokenizer=tokenizer,
+    )
+
+
+def run(responses: int, max_len: int, distributions=("realistic", "all_max"), repeats: int = 3) -> list[dict]:
+    rows = []
+    with transfer_queue() as tq, tempfile.TemporaryDirectory(prefix="stapo-tq-") as tmp:
+        for distribution in distributions:
+            started = time.perf_counter()
+            keys, stored = store_batch(tq, responses, max_len, distribution)
+            store_s = time.perf_counter() - started
+            mask = driver_mask(Path(tmp) / distribution)
+            totals, phases, peaks, result = [], {p: [] for p in PHASES}, [], None
+            for round_index in range(repeats + 1):  # round 0 warms up
+                tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=stored["originals"])
+                rss_peak_reset()
+                rss_before, _ = rss_kib()
+                t0 = time.perf_counter()
+                result = mask.round_trip(1, keys, PARTITION)
+                total = time.perf_counter() - t0
+                _, hwm = rss_kib()
+                if round_index:
+                    totals.append(total)
+                    peaks.append(1024 * (hwm - rss_before))
+                    for phase in PHASES:
+                        phases[phase].append(result.timings.get(phase, 0.0))
+            m = result.metrics
+            rows.append(
+                {
+                    "bench": "tq",
+                    "distribution": distribution,
+                    "responses": responses,
+                    "max_len": max_len,
+                    "tokens": stored["tokens"],
+                    "mean_len": stored["mean_len"],
+                    "masked": int(m["actor/stapo/num_spurious"]),
+                    "loss_tokens": result.expected_loss_tokens,
+                    "acc_mean": m.get("reward/acc/mean"),
+                    "store_s": store_s,
+                    "total_s": statistics.median(totals),
+                    "total_spread": (max(totals) - min(totals)) / statistics.median(totals),
+                    "rss_peak_delta_bytes": max(peaks),
+                    **{f"{p}_s": statistics.median(v) for p, v in phases.items()},
+                }
+            )
+            tq.kv_clear(keys=keys, partition_id=PARTITION)
+            del stored
+    return rows
+
+
+# ---------------------------------------------------------------- its section of BENCHMARKS.md
+
+NAME = "tq"
+TITLE = "2b. The driver's whole round trip: TransferQueue fetch, mask, diagnostics, fold, put"
+SIZES = {
+    "quick": dict(responses=64, max_len=1024, repeats=1),
+    "full": dict(responses=2048, max_len=15360, repeats=3),
+}
+
+
+def measure(device, **size) -> list[dict]:
+    return run(**size)  # the driver is a CPU process, whatever the device
+
+
+def render(rows: list[dict]) -> str:
+    lines = [
+        "`DriverMask.round_trip` as the trainer calls it, every diagnostic on (ablation grid, 2,000-token "
+        "sample, 200-token spurious log). Phases (s): `get` one `kv_batch_get`; `pad` jagged to the layout "
+        "the mask reads; `mask` build_token_mask with its metrics; `log` the spurious-token log; `fold` "
+        "the fold and jagged masks; `put` one `kv_batch_put` of the two masks; `ablation` the grid; "
+        "`sample` the token sample. RSS peak delta: the driver's VmHWM above its RSS before the call.",
+        "",
+        "| lengths | responses x max | response tokens (mean) | masked | "
+        + " | ".join(PHASES)
+        + " | total s (spread) | RSS peak delta | store s (setup) |",
+        "|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            md_row(
+                r["distribution"],
+                f"{r['responses']} x {r['max_len']}",
+                f"{r['tokens']:,} ({r['mean_len']:.0f})",
+                f"{r['masked']:,}",
+                *(fmt_num(r[f"{p}_s"]) for p in PHASES),
+                f"**{fmt_num(r['total_s'])}** ({fmt_num(r['total_spread'])})",
+                fmt_bytes(r["rss_peak_delta_bytes"]),
+                fmt_num(r["store_s"], 1),
+            )
+        )
+    return "\n".join(lines)
