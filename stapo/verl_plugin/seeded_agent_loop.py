@@ -1,7 +1,10 @@
 """The ``stapo_seeded`` agent loop: verl's single-turn loop that sends a per-request sampling seed.
 
 Chosen with ``actor_rollout_ref.rollout.agent.default_agent_loop=stapo_seeded``; the seed comes
-from ``stapo.verl_plugin.seeding.seed_for_request``. Everything else is verl's loop unchanged.
+from ``stapo.verl_plugin.seeding.seed_for_request``. For the CPU back-end's HF server it also
+announces the request's group (the n samples of one prompt), which that server generates as one
+batch; vLLM gets the seed only (its sampling parameters take no other key). Everything else is
+verl's loop unchanged.
 """
 
 from __future__ import annotations
@@ -11,7 +14,29 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
+from stapo.verl_plugin.cpu.rollout import GROUP_PARAM, ROLLOUT_NAME
 from stapo.verl_plugin.seeding import AGENT_LOOP_NAME, seed_for_request
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k")
+
+
+def group_size(rollout_config, sampling_params: dict[str, Any]) -> int | None:
+    """How many samples verl draws for this request's prompt, or None when the loop cannot tell.
+
+    verl's agent loop worker does not pass the group size or the train/validation flag to the loop;
+    it does pass the sampling parameters, which are ``rollout.*`` in training and
+    ``rollout.val_kwargs.*`` in validation. When exactly one of the two matches, its ``n`` is the
+    group size; when both or neither match (equal settings, a per-sample greedy override), there is
+    no group and each request is generated on its own, which is slower but just as reproducible.
+    """
+
+    def matches(source) -> bool:
+        return all(sampling_params.get(key) == source.get(key) for key in SAMPLING_KEYS)
+
+    train, val = matches(rollout_config), matches(rollout_config.val_kwargs)
+    if train == val:
+        return None
+    return int(rollout_config.n if train else rollout_config.val_kwargs.n)
 
 
 @register(AGENT_LOOP_NAME)
@@ -21,4 +46,8 @@ class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs):
         rollout_seed = int(self.rollout_config.get("seed", 42))
         seeded = dict(sampling_params, seed=seed_for_request(rollout_seed, kwargs))
+        if self.rollout_config.name == ROLLOUT_NAME and "session_id" in kwargs and "uid" in kwargs:
+            size = group_size(self.rollout_config, sampling_params)
+            if size is not None and size > 1:
+                seeded[GROUP_PARAM] = {"key": str(kwargs["uid"]), "size": size, "index": int(kwargs["session_id"])}
         return await super().run(seeded, **kwargs)

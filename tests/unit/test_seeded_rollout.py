@@ -1,4 +1,4 @@
-"""The HF rollout's seeded sampling, the per-request seeds and the batch order (no Ray, no trainer).
+"""The HF rollout's seeded sampling, its prompt groups, the per-request seeds and the batch order (no trainer).
 
 A small random Qwen3 model stands in for a checkpoint; references are HF's own logits warpers and
 a loop that recomputes the whole sequence without a KV cache.
@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from stapo.verl_plugin.cpu.sampling import Sampling, filter_logits, sample_request
+from stapo.verl_plugin.cpu.sampling import Sampling, filter_logits, sample_group, sample_request
 from stapo.verl_plugin.seeding import request_seed, seed_for_request
 
 EOS = 1
@@ -134,3 +134,109 @@ def test_seed_identifies_step_prompt_and_sample():
     assert request_seed(1, 2, "k", "s3") == 559845638354300787  # blake2b-64 of [1, 2, "k", "s3"], top bit cleared
     with pytest.raises(KeyError, match="session_id or priority"):
         seed_for_request(42, {k: v for k, v in base.items() if k != "session_id"})
+
+
+def _reference_row(model, prompt, seed, top_k, steps, eos_ids):
+    """One sample recomputed from scratch at every step (no KV cache, no batch): the independent reference."""
+    generator = torch.Generator().manual_seed(seed)
+    sequence, log_probs = list(prompt), []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([sequence])).logits[0, -1]
+            probs = torch.softmax(TopKLogitsWarper(top_k)(None, logits[None].clone())[0], dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=generator))
+            log_probs.append(float(torch.log_softmax(logits, -1)[token]))
+            sequence.append(token)
+            if token in eos_ids:
+                break
+    return sequence[len(prompt):], log_probs
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_group_rows_match_one_sample_recomputed_alone(model_dir, rows):
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    eos_ids = list(range(1, 9))  # frequent stops: some rows finish while the others go on
+    sampling = Sampling(temperature=1.0, top_k=30, max_tokens=10, logprobs=True)
+    seeds = [request_seed(1, 1, "p", f"s{i}") for i in range(rows)]
+    results = sample_group(model, [5, 6, 7, 8], sampling, seeds, eos_ids)
+    assert len(results) == rows
+    lengths = set()
+    for seed, (tokens, log_probs, stop) in zip(seeds, results):
+        expected_tokens, expected_log_probs = _reference_row(model, [5, 6, 7, 8], seed, 30, 10, eos_ids)
+        assert tokens == expected_tokens
+        assert log_probs == pytest.approx(expected_log_probs, abs=1e-5)
+        assert stop == ("completed" if tokens[-1] in eos_ids else "length")
+        assert all(t not in eos_ids for t in tokens[:-1])  # nothing is kept after a stop
+        lengths.add(len(tokens))
+    if rows == 8:
+        assert len(lengths) > 1  # the case that matters: rows of different lengths in one batch
+
+
+def _group_request(server, prompt, key, size, index, temperature=1.0):
+    params = {
+        "temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True,
+        "seed": request_seed(1, 1, key, f"s{index}"), "stapo_group": {"key": key, "size": size, "index": index},
+    }
+    return server.generate(f"{key}-{index}", prompt_ids=prompt, sampling_params=params)
+
+
+def test_server_generates_a_group_as_one_batch_whatever_the_arrival_order(server):
+    prompt = [3, 4, 5, 6, 7]
+
+    async def arrive(order):
+        others = [_group_request(server, [9, 10, 11], "other", 2, i) for i in range(2)]
+        mine = {i: _group_request(server, prompt, "mine", 4, i) for i in range(4)}
+        results = await asyncio.gather(*[mine[i] for i in order], *others)
+        return {i: results[k] for k, i in enumerate(order)}
+
+    first, second = asyncio.run(arrive([0, 1, 2, 3])), asyncio.run(arrive([3, 1, 0, 2]))
+    sampling = Sampling(temperature=1.0, max_tokens=12, logprobs=True)
+    direct = sample_group(server.model, prompt, sampling, [request_seed(1, 1, "mine", f"s{i}") for i in range(4)],
+                          server.eos_ids)
+    for i in range(4):
+        assert first[i].token_ids == second[i].token_ids == direct[i][0]
+        assert first[i].log_probs == second[i].log_probs == direct[i][1]
+    assert not server._groups  # nothing left waiting
+
+
+def test_server_refuses_inconsistent_groups(server, monkeypatch):
+    import stapo.verl_plugin.cpu.rollout as rollout
+
+    async def bad_index():
+        return await _group_request(server, [3, 4], "g1", 2, 5)
+
+    with pytest.raises(ValueError, match=r"sample index 5 is outside \[0, 2\)"):
+        asyncio.run(bad_index())
+
+    async def other_prompt():
+        first, second = _group_request(server, [3, 4], "g2", 2, 0), _group_request(server, [3, 5], "g2", 2, 1)
+        return await asyncio.gather(first, second)
+
+    with pytest.raises(ValueError, match="differ in prompt"):
+        asyncio.run(other_prompt())
+    monkeypatch.setattr(rollout, "GROUP_WAIT_S", 0.2)
+    server._groups.clear()
+
+    async def missing_sibling():
+        return await _group_request(server, [3, 4], "g3", 3, 0)
+
+    with pytest.raises(RuntimeError, match="1 of 3 requests arrived"):
+        asyncio.run(missing_sibling())
+    assert not server._groups
+
+
+def test_group_size_from_sampling_parameters():
+    from omegaconf import OmegaConf
+
+    from stapo.verl_plugin.seeded_agent_loop import group_size
+
+    rollout = OmegaConf.create(
+        {"n": 8, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "val_kwargs": {"n": 1, "temperature": 0, "top_p": 1.0,
+                                                                                "top_k": -1}}
+    )
+    train = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "logprobs": True}
+    assert group_size(rollout, train) == 8
+    assert group_size(rollout, dict(train, temperature=0)) == 1  # validation's settings
+    assert group_size(rollout, dict(train, temperature=0.5)) is None  # neither: no group
+    rollout.val_kwargs.temperature = 0.7  # validation samples like training: cannot tell, no group
+    assert group_size(rollout, train) is None

@@ -5,9 +5,10 @@ Pieces, in verl's own terms (hybrid mode: actor and rollout share the worker pro
   verl hands it the actor's weights and it forwards them to its replica's server.
 - ``HFReplica`` (verl's ``RolloutReplica``) launches one ``HFGenerationServer`` Ray actor per
   replica; the agent loop sends token-in/token-out ``generate`` requests to it.
-- ``HFGenerationServer`` generates each request on its own from a per-request seed (reproducible,
-  see docs/reproducibility.md) and returns raw-logit log-probs, so rollout and actor log-probs can
-  be compared exactly.
+- ``HFGenerationServer`` generates the n samples of a prompt together (one batch whose composition
+  is fixed by the group, never by timing) from per-request seeds (reproducible, see
+  docs/reproducibility.md) and returns raw-logit log-probs, so rollout and actor log-probs can be
+  compared.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -25,11 +27,28 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from stapo.models.generation import generation_ids
-from stapo.verl_plugin.cpu.sampling import Sampling, sample_request
+from stapo.verl_plugin.cpu.sampling import Sampling, sample_group
 
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "stapo_hf"
+# sampling_params entry the stapo_seeded agent loop adds for this server only: {"key", "size", "index"}
+GROUP_PARAM = "stapo_group"
+# the n requests of a group are created together by verl's agent loop worker; one that has not
+# arrived after this long never will (a per-prompt n the agent loop could not see), so fail loudly
+GROUP_WAIT_S = 300.0
+
+
+@dataclass
+class _PendingGroup:
+    """The requests of one prompt's group that have arrived, by sample index."""
+
+    size: int
+    prompt_ids: list[int]
+    sampling: Sampling
+    seeds: dict[int, int | None] = field(default_factory=dict)
+    futures: dict[int, asyncio.Future] = field(default_factory=dict)
+    complete: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
@@ -41,11 +60,13 @@ def server_name(replica_rank: int, suffix: str = "") -> str:
 class HFGenerationServer:
     """One replica's generation server: an HF causal LM on CPU.
 
-    Every request is generated on its own, with a KV cache and its own ``torch.Generator`` seeded
-    from ``sampling_params["seed"]`` (set per request by the ``stapo_seeded`` agent loop, see
-    ``stapo.verl_plugin.seeding``), in a pool of threads with one intra-op thread each: a
-    request's tokens and log-probs do not depend on timing, on which requests run beside it, or
-    on the machine's core count. Requests without a seed get a fresh random one (logged once).
+    The samples of one prompt (a group, announced by the ``stapo_seeded`` agent loop in
+    ``sampling_params["stapo_group"]``) are generated together once all of them have arrived: the
+    prompt is encoded once and the rows decode as one batch, each from its own ``torch.Generator``
+    seeded from ``sampling_params["seed"]``. A request without a group is a group of one. Groups run
+    in a pool of threads with one intra-op thread each, so what a group computes does not depend on
+    timing, on which groups run beside it, or on the machine's core count. Requests without a seed
+    get a fresh random one (logged once).
     """
 
     def __init__(
@@ -65,6 +86,7 @@ class HFGenerationServer:
         self.threads = threads if threads > 0 else max(1, min(4, os.cpu_count() or 1))
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="stapo_hf")
         self._warned_unseeded = False
+        self._groups: dict[str, _PendingGroup] = {}
 
     async def launch_server(self):
         return True
@@ -91,8 +113,23 @@ class HFGenerationServer:
         self.global_steps = global_steps
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs):
-        sampling = self.sampling(prompt_ids, sampling_params)
-        seed = sampling_params.get("seed")
+        params = dict(sampling_params)
+        group = params.pop(GROUP_PARAM, None)
+        sampling = self.sampling(prompt_ids, params)
+        seed = self._seed(request_id, params.get("seed"), sampling)
+        if group is None or int(group["size"]) == 1:
+            loop = asyncio.get_running_loop()
+            results = await loop.run_in_executor(
+                self._pool, sample_group, self.model, list(prompt_ids), sampling, [seed], self.eos_ids
+            )
+            tokens, log_probs, stop = results[0]
+        else:
+            tokens, log_probs, stop = await self._generate_in_group(group, list(prompt_ids), sampling, seed)
+        return TokenOutput(
+            token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra_fields={"global_steps": self.global_steps}
+        )
+
+    def _seed(self, request_id: str, seed: int | None, sampling: Sampling) -> int | None:
         if seed is None and not sampling.greedy:
             seed = secrets.randbits(63)
             if not self._warned_unseeded:
@@ -103,13 +140,45 @@ class HFGenerationServer:
                     "(actor_rollout_ref.rollout.agent.default_agent_loop=stapo_seeded) sends one.",
                     request_id,
                 )
+        return seed
+
+    async def _generate_in_group(self, group: dict, prompt_ids: list[int], sampling: Sampling, seed: int | None):
+        """Wait for the group's other requests, generate all of them as one batch, return this one's result."""
+        key, size, index = str(group["key"]), int(group["size"]), int(group["index"])
+        pending = self._groups.setdefault(key, _PendingGroup(size, prompt_ids, sampling))
+        if (size, prompt_ids, sampling) != (pending.size, pending.prompt_ids, pending.sampling):
+            raise ValueError(f"HF rollout group {key}: its requests differ in prompt, sampling or group size")
+        if not 0 <= index < size or index in pending.futures:
+            raise ValueError(f"HF rollout group {key}: sample index {index} is outside [0, {size}) or came twice")
         loop = asyncio.get_running_loop()
-        tokens, log_probs, stop = await loop.run_in_executor(
-            self._pool, sample_request, self.model, list(prompt_ids), sampling, seed, self.eos_ids
-        )
-        return TokenOutput(
-            token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra_fields={"global_steps": self.global_steps}
-        )
+        future = pending.futures[index] = loop.create_future()
+        pending.seeds[index] = seed
+        if len(pending.futures) < size:
+            try:  # the timeout covers the wait for the siblings only, not the generation itself
+                await asyncio.wait_for(pending.complete.wait(), timeout=GROUP_WAIT_S)
+            except asyncio.TimeoutError:
+                self._groups.pop(key, None)
+                raise RuntimeError(
+                    f"HF rollout group {key}: {len(pending.futures)} of {size} requests arrived in "
+                    f"{GROUP_WAIT_S:.0f} s; the group size the agent loop announced does not match the requests "
+                    "verl sent"
+                ) from None
+            return await future
+        del self._groups[key]
+        pending.complete.set()
+        order = sorted(pending.futures)
+        try:
+            results = await loop.run_in_executor(
+                self._pool, sample_group, self.model, prompt_ids, sampling, [pending.seeds[i] for i in order],
+                self.eos_ids,
+            )
+        except Exception as exc:  # every member of the group sees the failure
+            for i in order:
+                pending.futures[i].set_exception(exc)
+            raise
+        for i, result in zip(order, results):
+            pending.futures[i].set_result(result)
+        return await future
 
     def sampling(self, prompt_ids: list[int], params: dict[str, Any]) -> Sampling:
         """verl's sampling params with vLLM's max-token rule (response_length, and the context budget)."""

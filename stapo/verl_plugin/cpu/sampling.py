@@ -1,11 +1,14 @@
-"""Seeded token sampling for the HF rollout: one request, one ``torch.Generator``, one KV cache.
+"""Seeded token sampling for the HF rollout: one prompt, one KV cache, one ``torch.Generator`` per sample.
 
-Why not HF ``generate()`` on a batch: it samples from the process-wide RNG, so a request's tokens
-depend on every draw made before it, and a batched forward pass computes each row with kernels
-chosen for the batch's shape (rows, padded width), so its logits can differ in the last bits with
-the company it keeps. Here each request is computed on its own (batch of one, no padding) and
-sampled from its own generator: its tokens and log-probs are a function of (weights, prompt,
-sampling parameters, seed) only. See docs/reproducibility.md.
+Why not HF ``generate()`` on whatever batch arrived: it samples from the process-wide RNG, so a
+request's tokens depend on every draw made before it, and a batched forward pass computes each row
+with kernels chosen for the batch's shape (rows, padded width), so its logits can differ in the last
+bits with the company it keeps. Here a forward pass only ever holds the samples of ONE prompt (a
+GRPO group, or a single request): the prompt is encoded once, its KV cache is repeated for the
+group's rows, and each row is drawn from its own generator. The batch's composition is then fixed
+by the group itself (same prompt, same seeds, rows in sample order, finished rows kept until all
+finish), never by timing, so a sample's tokens and log-probs are a function of (weights, prompt,
+sampling parameters, the group's seeds). See docs/reproducibility.md.
 """
 
 from __future__ import annotations
@@ -65,35 +68,58 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Genera
 
 
 @torch.no_grad()
+def sample_group(
+    model, prompt_ids: list[int], sampling: Sampling, seeds: list[int | None], eos_ids: list[int]
+) -> list[tuple[list[int], list[float] | None, str]]:
+    """Generate one response per seed for the same prompt: ``[(tokens, log-probs or None, stop reason)]``.
+
+    The prompt is encoded once (batch of one) and its KV cache repeated for the rows; the rows then
+    decode in lockstep as one batch. A row that has finished keeps its slot (its further tokens are
+    discarded) so the batch's shape never depends on what was sampled. The log-probs are of the
+    unfiltered logits (temperature 1, no top-k/p): the quantity verl's actor recomputes, so rollout
+    and actor log-probs can be compared. With one seed this is a plain KV-cache sampling loop.
+    """
+    if not seeds:
+        return []
+    generators: list[torch.Generator | None] = []
+    for seed in seeds:
+        if sampling.greedy:
+            generators.append(None)
+            continue
+        if seed is None:
+            raise ValueError("sampling with temperature > 0 needs a seed (the server draws one when none is sent)")
+        generators.append(torch.Generator(device="cpu").manual_seed(int(seed)))
+    rows = len(seeds)
+    out = model(input_ids=torch.tensor([prompt_ids], dtype=torch.long), use_cache=True)
+    past = out.past_key_values
+    logits = out.logits[:, -1].float().expand(rows, -1)  # every row starts from the same prompt
+    if rows > 1:
+        past.batch_repeat_interleave(rows)
+    tokens: list[list[int]] = [[] for _ in range(rows)]
+    log_probs: list[list[float]] = [[] for _ in range(rows)]
+    stops = ["length"] * rows
+    for step in range(sampling.max_tokens):
+        drawn = []
+        for row in range(rows):
+            token = next_token(logits[row], sampling, generators[row])
+            drawn.append(token)
+            if stops[row] == "completed":
+                continue  # finished earlier: the slot stays, the draw is discarded
+            tokens[row].append(token)
+            if sampling.logprobs:
+                log_probs[row].append(float(torch.log_softmax(logits[row], dim=-1)[token]))
+            if token in eos_ids:
+                stops[row] = "completed"
+        if all(stop == "completed" for stop in stops) or step + 1 == sampling.max_tokens:
+            break
+        out = model(input_ids=torch.tensor(drawn, dtype=torch.long)[:, None], past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[:, -1].float()
+    return [(tokens[row], log_probs[row] if sampling.logprobs else None, stops[row]) for row in range(rows)]
+
+
 def sample_request(
     model, prompt_ids: list[int], sampling: Sampling, seed: int | None, eos_ids: list[int]
 ) -> tuple[list[int], list[float] | None, str]:
-    """Generate one response with a KV cache; returns (tokens, raw-logit log-probs or None, stop reason).
-
-    The log-probs are of the unfiltered logits (temperature 1, no top-k/p): the quantity verl's actor
-    recomputes, so rollout and actor log-probs can be compared exactly.
-    """
-    generator = None
-    if not sampling.greedy:
-        if seed is None:
-            raise ValueError("sampling with temperature > 0 needs a seed (the server draws one when none is sent)")
-        generator = torch.Generator(device="cpu")
-        generator.manual_seed(int(seed))
-    input_ids = torch.tensor([prompt_ids], dtype=torch.long)
-    past = None
-    tokens: list[int] = []
-    log_probs: list[float] = []
-    stop = "length"
-    for _ in range(sampling.max_tokens):
-        out = model(input_ids=input_ids, past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        logits = out.logits[0, -1].float()
-        token = next_token(logits, sampling, generator)
-        tokens.append(token)
-        if sampling.logprobs:
-            log_probs.append(float(torch.log_softmax(logits, dim=-1)[token]))
-        if token in eos_ids:
-            stop = "completed"
-            break
-        input_ids = torch.tensor([[token]], dtype=torch.long)
-    return tokens, (log_probs if sampling.logprobs else None), stop
+    """One response (a group of one): see ``sample_group``."""
+    return sample_group(model, prompt_ids, sampling, [seed], eos_ids)[0]
