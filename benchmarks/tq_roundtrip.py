@@ -31,7 +31,7 @@ from benchmarks.mask_build import TAU_P, Q, paper_batch
 
 GROUP = 8  # responses per prompt (the paper's rollout.n): the agent loop's puts come per prompt group
 PARTITION = "train"
-PHASES = ("get", "pad", "mask", "log", "fold", "put", "ablation", "sample")
+PHASES = ("get", "flatten", "mask", "log", "fold", "put", "ablation", "sample")
 
 
 class _IdsTokenizer:
@@ -177,8 +177,8 @@ def run(responses: int, max_len: int, distributions=("realistic", "all_max"), re
 NAME = "tq"
 TITLE = "2b. The driver's whole round trip: TransferQueue fetch, mask, diagnostics, fold, put"
 SIZES = {
-    "quick": dict(responses=64, max_len=1024, repeats=1),
-    "full": dict(responses=2048, max_len=15360, repeats=3),
+    "quick": {"responses": 64, "max_len": 1024, "repeats": 1},
+    "full": {"responses": 2048, "max_len": 15360, "repeats": 3},
 }
 
 
@@ -188,11 +188,13 @@ def measure(device, **size) -> list[dict]:
 
 def render(rows: list[dict]) -> str:
     lines = [
-        "`DriverMask.round_trip` as the trainer calls it, every diagnostic on (ablation grid, 2,000-token "
-        "sample, 200-token spurious log). Phases (s): `get` one `kv_batch_get`; `pad` jagged to the layout "
-        "the mask reads; `mask` build_token_mask with its metrics; `log` the spurious-token log; `fold` "
-        "the fold and jagged masks; `put` one `kv_batch_put` of the two masks; `ablation` the grid; "
-        "`sample` the token sample. RSS peak delta: the driver's VmHWM above its RSS before the call.",
+        (
+            "`DriverMask.round_trip` as the trainer calls it, every diagnostic on (ablation grid, 2,000-token "
+            "sample, 200-token spurious log). Phases (s): `get` one `kv_batch_get`; `flatten` the jagged "
+            "fields' flat values; `mask` build_token_mask with its metrics; `log` the spurious-token log; `fold` "
+            "the fold and jagged masks; `put` one `kv_batch_put` of the two masks; `ablation` the grid; "
+            "`sample` the token sample. RSS peak delta: the driver's VmHWM above its RSS before the call."
+        ),
         "",
         "| lengths | responses x max | response tokens (mean) | masked | "
         + " | ".join(PHASES)

@@ -10,6 +10,7 @@ and ``benchmarks/tq_roundtrip.py`` call this same code.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +18,10 @@ from typing import Any
 import torch
 import transfer_queue as tq
 from tensordict import TensorDict
-from verl.workers.utils.padding import response_to_nested
+from torch.nn.utils.rnn import pad_sequence
 
 from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask, finalize_metrics
+from stapo.spurious_log import append_jsonl, spread_evenly, spurious_records, valid_lengths
 from stapo.verl_plugin.losses import METRIC_PREFIX
 from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics, reward_extra_means
 
@@ -29,11 +31,10 @@ REWARD_EXTRA_FIELD = "extra_fields"
 def fold_masks(
     response_mask: torch.Tensor, loss_mask: torch.Tensor, drop_response: torch.Tensor, drop_loss: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero the dropped positions, keeping each mask's dtype (any layout, all four of one shape)."""
-    return (
-        response_mask * (~drop_response).to(response_mask.dtype),
-        loss_mask * (~drop_loss).to(loss_mask.dtype),
-    )
+    """Zero the dropped positions, keeping each mask's dtype (any layout, all four of one shape).
+
+    ``masked_fill``, not a product with the inverted mask: one pass, no full-batch temporary."""
+    return response_mask.masked_fill(drop_response, 0), loss_mask.masked_fill(drop_loss, 0)
 
 
 @dataclass(frozen=True)
@@ -119,38 +120,38 @@ class DriverMask:
     def compute(
         self, step: int, plan: StepPlan, data: TensorDict, result: RoundTripResult, clock: _Clock
     ) -> TensorDict | None:
-        """The mask, its metrics (into ``result``) and the folded masks (jagged, as fetched) from the fetched fields."""
-        nested_response_mask = data["response_mask"]
-        if not torch.equal(nested_response_mask.offsets(), data["loss_mask"].offsets()):
-            raise RuntimeError(
-                "STAPO expects response-only loss_mask and response_mask of equal lengths (verl 0.9.1 v1 "
-                "agent loop); this verl version lays them out differently"
-            )
-        responses = data.pop("responses").to_padded_tensor(padding=self.pad_token_id) if plan.log_tokens else None
-        padded = data.to_padded_tensor()
-        response_mask = padded["response_mask"].bool()
-        log_prob = padded["old_log_probs"].float() if "old_log_probs" in padded.keys() else None
-        entropy = padded["entropy"].float() if "entropy" in padded.keys() else None
-        advantages = padded["advantages"].float()
-        silenced = torch.zeros_like(response_mask)
-        folded = None
-        clock.lap("pad")
+        """The mask, its metrics (into ``result``) and the folded masks (jagged, as fetched) from the fetched fields.
+
+        Works on the jagged fields' flat values (views, no copy): every mask of the registry and every
+        diagnostic is token-wise or over the whole batch, and a padded copy would triple the work on a
+        long-CoT batch (mean length a third of the maximum). Row-major order is kept, so the token
+        sample and the spurious log pick the same tokens as from padded tensors.
+        """
+        offsets, flat = flat_fields(data, plan.fields)
+        response_mask = flat["response_mask"].bool()
+        log_prob, entropy = flat.get("old_log_probs"), flat.get("entropy")
+        log_prob = None if log_prob is None else log_prob.float()
+        entropy = None if entropy is None else entropy.float()
+        advantages = flat["advantages"].float()
+        silenced, folded = None, None
+        clock.lap("flatten")
         if plan.fold:
             built = build_token_mask(MaskInputs(response_mask, advantages, log_prob, entropy), self.settings)
             silenced = built.drop_response
-            step_metrics = finalize_metrics(self.spec, built.counts, built.stats)
+            counts = {**built.counts, "empty_responses": float(empty_rows(response_mask, offsets))}
+            step_metrics = finalize_metrics(self.spec, counts, built.stats)
             result.metrics.update({METRIC_PREFIX + key: value for key, value in step_metrics.items()})
             clock.lap("mask")
             if plan.log_tokens:
-                self.spurious_log.write(step, responses, built.drop_response, padded, self.tokenizer)
+                self._log_tokens(step, built.drop_response, offsets, flat, log_prob, entropy)
                 clock.lap("log")
             folded_response, folded_loss = fold_masks(
-                padded["response_mask"], padded["loss_mask"], built.drop_response, built.drop_count
+                flat["response_mask"], flat["loss_mask"], built.drop_response, built.drop_count
             )
             folded = TensorDict(
                 {
-                    "response_mask": response_to_nested(folded_response, nested_response_mask),
-                    "loss_mask": response_to_nested(folded_loss, nested_response_mask),
+                    "response_mask": torch.nested.nested_tensor_from_jagged(folded_response, offsets),
+                    "loss_mask": torch.nested.nested_tensor_from_jagged(folded_loss, offsets),
                 },
                 batch_size=data.batch_size,
             )
@@ -160,6 +161,63 @@ class DriverMask:
             result.metrics.update(self.diagnostics.ablation_metrics(log_prob, entropy, advantages, response_mask))
             clock.lap("ablation")
         if plan.sample:
+            silenced = torch.zeros_like(response_mask) if silenced is None else silenced
             self.diagnostics.write_sample(step, log_prob, entropy, advantages, response_mask, silenced)
             clock.lap("sample")
         return folded
+
+    def _log_tokens(self, step, spurious, offsets, flat, log_prob, entropy) -> None:
+        """``SpuriousTokenLog``'s records from the flat mask: the rows holding a kept token are padded
+        (at most ``max_tokens`` rows), and each record names its row of the batch."""
+        log = self.spurious_log
+        positions = spread_evenly(spurious, log.max_tokens).nonzero().squeeze(1)
+        if positions.numel() == 0:
+            return
+        rows = torch.searchsorted(offsets, positions, right=True) - 1
+        picked = torch.unique(rows)  # sorted: row-major order is kept
+        spans = [(int(offsets[r]), int(offsets[r + 1])) for r in picked]
+
+        def pad(values: torch.Tensor, value: float = 0) -> torch.Tensor:
+            return pad_sequence([values[a:b] for a, b in spans], batch_first=True, padding_value=value)
+
+        response_mask = pad(flat["response_mask"])
+        keep = torch.zeros_like(response_mask, dtype=torch.bool)
+        keep[torch.searchsorted(picked, rows), positions - offsets[rows]] = True
+        records = spurious_records(
+            pad(flat["responses"], self.pad_token_id),
+            keep,
+            pad(log_prob),
+            pad(entropy),
+            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+            context=log.context,
+            step=step,
+            lengths=valid_lengths(response_mask),
+        )
+        for record in records:
+            record["sample"] = int(picked[record["sample"]])
+        append_jsonl(log.path, records)
+
+
+def flat_fields(data: TensorDict, names) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The response offsets (from 0) and each jagged field's flat values over exactly those rows."""
+    reference = data["response_mask"]
+    lengths = reference.offsets().diff()
+    flat = {}
+    for name in names:
+        nested = data[name]
+        if nested.lengths() is not None or not torch.equal(nested.offsets().diff(), lengths):
+            raise RuntimeError(
+                f"STAPO expects the response-only field {name!r} laid out as response_mask (same row lengths, "
+                "no holes, as verl 0.9.1's v1 agent loop and trainer store them); this verl version lays it "
+                "out differently"
+            )
+        start, end = int(nested.offsets()[0]), int(nested.offsets()[-1])
+        flat[name] = nested.values()[start:end]
+    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+    return offsets, flat
+
+
+def empty_rows(response_mask: torch.Tensor, offsets: torch.Tensor) -> int:
+    """Rows without a response token (verl's padding samples, instant EOS), from the flat mask."""
+    bounds = offsets.tolist()
+    return sum(1 for a, b in itertools.pairwise(bounds) if not bool(response_mask[a:b].any()))
