@@ -4,37 +4,47 @@
         model_preset=tiny trainer.total_training_steps=2
 
 Runs go one after another through ``python -m recipe.stapo.main_stapo`` on this machine (the CPU
-presets), or, with ``--launcher ray``, each as its own Ray job through ``launch/ray/submit.sh``
-(``RAY_ADDRESS`` and the other settings of that script apply; ``--out`` must then be on storage the
-cluster's nodes share). A run whose folder records a clean finish is skipped, so the same command
-resumes an interrupted sweep; an unfinished run restarts from its last checkpoint (its own
-``checkpoints/`` folder, ``trainer.resume_mode=auto``). After the runs, and with ``--compare-only``
-at any time, ``OUT/comparison.md`` / ``.json`` and ``OUT/plots/`` are written from the run folders.
+presets), or, with ``--launcher ray``, each as its own Ray job through ``launch/ray/submit.sh``. A run
+whose folder records a clean finish is skipped, so the same command resumes an interrupted sweep; an
+unfinished run restarts from its last checkpoint (its own ``checkpoints/`` folder,
+``trainer.resume_mode=auto``). After the runs, and with ``--compare-only`` at any time,
+``OUT/comparison.md`` / ``.json`` and ``OUT/plots/`` are written from the run folders.
+
+On a Ray cluster (started with launch/ray/start_head.sh and start_worker.sh, see launch/README.md):
+
+    stapo sweep --launcher ray --address http://HEAD:8265 --max-parallel 2 \\
+        --grid algo=stapo,grpo --seeds 1,2,3 --out /shared/sweeps/first -- \\
+        model_preset=qwen3_8b trainer.nnodes=1 trainer.n_gpus_per_node=8
+
+- ``--address``: the head's job API (the dashboard port; default ``$RAY_ADDRESS``). The cluster's token
+  is found as submit.sh finds it (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``).
+- The job's runtime env is launch/ray/runtime_env.yaml (``STAPO_RUNTIME_ENV`` names another); the
+  repository is uploaded as its working dir, and the other settings of submit.sh apply.
+- ``--out`` must be on storage that this machine and every node mount at the same path (NFS, Lustre,
+  a PVC): each job's driver writes its run folder (metrics, config, checkpoints) at the absolute path
+  the sweep gives it, and this command reads the progress and the comparison from there. A job that
+  succeeds without leaving metrics here is reported as an error naming that requirement.
+- ``--max-parallel N`` jobs are in flight at once (default 1): verl fails a job whose GPUs are taken,
+  so raise it only to as many runs as the cluster holds together. The command waits for every job,
+  printing each run's steps as they land in its folder; a failed job's message and log tail are
+  printed and its log is kept as ``trainer.log`` in the run folder. Interrupted (Ctrl-C), the jobs
+  keep running; the same command waits for them again instead of submitting them twice.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan
-from stapo.sweep.runs import SWEEP_RECORD, config_value, load_run, read_record, read_run_metrics
+from stapo.sweep.runs import config_value, load_run, read_record, read_run_metrics, write_record
 
 STEP_TIME = "timing_s/step"
-
-
-def write_record(run: PlannedRun, **fields) -> None:
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"cell": run.cell, "seed": run.seed, "cell_overrides": list(run.cell_overrides), **fields}
-    tmp = run.run_dir / (SWEEP_RECORD + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(run.run_dir / SWEEP_RECORD)
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 
 
 def is_finished(run_dir: Path) -> bool:
@@ -48,6 +58,13 @@ def is_finished(run_dir: Path) -> bool:
         return False
     trained = [step for step, metrics in steps.items() if STEP_TIME in metrics]
     return isinstance(total, int) and bool(trained) and max(trained) >= total
+
+
+def has_metrics(run_dir: Path) -> bool:
+    try:
+        return bool(read_run_metrics(run_dir))
+    except FileNotFoundError:
+        return False
 
 
 def total_steps(overrides: list[str]) -> int:
@@ -78,23 +95,6 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
     return result.returncode
 
 
-def submit_ray(run: PlannedRun, common: list[str], repo: Path) -> int:
-    overrides = run.overrides(common)
-    job_id = f"stapo-sweep-{run.run_dir.parent.name}-s{run.seed}-{int(time.time())}"[:120]
-    env = dict(os.environ, STAPO_JOB_ID=job_id, STAPO_WAIT="0")
-    command = ["bash", str(repo / "launch" / "ray" / "submit.sh"), *overrides]
-    proc = subprocess.run(command, check=False, cwd=repo, env=env)
-    write_record(
-        run,
-        launcher="ray",
-        overrides=overrides,
-        job_id=job_id,
-        submit_returncode=proc.returncode,
-        submitted_at=time.time(),
-    )
-    return proc.returncode
-
-
 def compare(out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: dict) -> list[Path]:
     """The comparison of every planned run that has metrics; returns the files written."""
     from stapo.sweep.compare import write_comparison
@@ -120,6 +120,47 @@ def compare(out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: d
     return written
 
 
+def run_all(args: argparse.Namespace, runs: list[PlannedRun], common: list[str]) -> list[PlannedRun]:
+    """Every unfinished run, here or as Ray jobs; returns the runs that failed."""
+    from stapo.demo.train import repo_root
+
+    todo, failed = [], []
+    for index, run in enumerate(runs, 1):
+        head = f"[sweep] {index}/{len(runs)} {run.cell} seed {run.seed}"
+        if is_finished(run.run_dir):
+            print(f"{head}: finished before, skipped", flush=True)
+        elif args.launcher == "local":
+            print(f"{head}: running in {run.run_dir}", flush=True)
+            returncode = run_local(run, common, args.echo)
+            if returncode != 0:
+                failed.append(run)
+                print(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})", flush=True)
+        else:
+            todo.append((head, run))
+    if todo:
+        from stapo.sweep.ray_launcher import run_ray_sweep
+
+        address = args.address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
+        failed += run_ray_sweep(todo, common, repo_root(), address, args.max_parallel, args.poll)
+    return failed
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
+    return int(text)
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -141,7 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--compare-only", action="store_true", help="write the comparison from the run folders")
     parser.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
-    parser.add_argument("--resubmit", action="store_true", help="ray: submit again runs already submitted")
+    parser.add_argument(
+        "--address",
+        help=f"ray: the head's job API, http://HEAD:8265 (default: $RAY_ADDRESS, else {DEFAULT_ADDRESS})",
+    )
+    parser.add_argument(
+        "--max-parallel",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="ray: jobs in flight at once, >= 1 (default 1; raise it to as many runs as the cluster's GPUs hold)",
+    )
+    parser.add_argument(
+        "--poll", type=positive_float, default=10.0, metavar="S", help="ray: seconds between status polls (10)"
+    )
     parser.add_argument("--group-by", metavar="CONFIG_KEY", help="group runs by this config key instead of the cell")
     parser.add_argument("--echo", action="store_true", help="local: print the trainer's whole output")
     parser.add_argument("overrides", nargs="*", help="after --: Hydra overrides common to every run")
@@ -159,34 +213,20 @@ def main(argv: list[str]) -> int:
             state = "done" if is_finished(run.run_dir) else "to run"
             print(f"[{state}] python -m recipe.stapo.main_stapo {shlex.join(run.overrides(common))}")
         return 0
-    failed = []
-    if not args.compare_only:
-        from stapo.demo.train import repo_root
-
-        repo = repo_root()
-        for index, run in enumerate(runs, 1):
-            head = f"[sweep] {index}/{len(runs)} {run.cell} seed {run.seed}"
-            if is_finished(run.run_dir):
-                print(f"{head}: finished before, skipped", flush=True)
-                continue
-            if args.launcher == "ray":
-                if read_record(run.run_dir).get("job_id") and not args.resubmit:
-                    print(f"{head}: submitted before ({read_record(run.run_dir)['job_id']}), skipped", flush=True)
-                    continue
-                print(f"{head}: submitting", flush=True)
-                returncode = submit_ray(run, common, repo)
-            else:
-                print(f"{head}: running in {run.run_dir}", flush=True)
-                returncode = run_local(run, common, args.echo)
-            if returncode != 0:
-                failed.append(run)
-                print(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})", flush=True)
+    failed = [] if args.compare_only else run_all(args, runs, common)
     for path in compare(args.out, runs, args.group_by, meta):
         print(f"[sweep] wrote {path}", flush=True)
     if (args.out / "comparison.md").exists():
         print((args.out / "comparison.md").read_text(encoding="utf-8"))
-    if args.launcher == "ray" and not args.compare_only:
-        print(f"[sweep] jobs submitted; when they finish: stapo sweep {shlex.join(argv)} --compare-only")
+    if not args.compare_only and not failed:
+        missing = [run for run in runs if not has_metrics(run.run_dir)]
+        if missing and args.launcher == "ray":
+            print(
+                f"[sweep] error: {len(missing)} job(s) succeeded but their run folder has no finished metrics here, "
+                f"e.g. {missing[0].run_dir}: --out must be on storage this machine and every node share",
+                flush=True,
+            )
+            failed = missing
     return 1 if failed else 0
 
 

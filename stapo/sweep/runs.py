@@ -52,6 +52,15 @@ def read_record(path: Path) -> dict:
         return {}
 
 
+def write_record(run, **fields) -> None:
+    """``sweep_run.json`` of a planned run (``stapo.sweep.grid.PlannedRun``): its cell, seed and how it ran."""
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    record = {"cell": run.cell, "seed": run.seed, "cell_overrides": list(run.cell_overrides), **fields}
+    tmp = run.run_dir / (SWEEP_RECORD + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(run.run_dir / SWEEP_RECORD)
+
+
 def config_value(path: Path, key: str):
     """A dotted key of the run's resolved ``config.yaml`` (None when absent)."""
     file = path / "config.yaml"
