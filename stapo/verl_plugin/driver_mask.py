@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +94,8 @@ class DriverMask:
         fields = ["response_mask", "loss_mask", "advantages"]
         fields += ["entropy"] if old_pass or self.spec.needs_entropy else []
         fields += ["old_log_probs"] if old_pass else []
-        fields += ["responses"] if log_tokens else []
+        # ``responses`` is not fetched here: the spurious log reads the token ids of at most
+        # ``max_tokens`` rows, fetched on their own (``_log_tokens``), not 8 bytes of every token
         return StepPlan(self.settings.folded, ablation, sample, log_tokens, tuple(fields))
 
     def round_trip(self, step: int, keys: list[str], partition_id: str, reward_extra: bool = True) -> RoundTripResult:
@@ -111,21 +113,35 @@ class DriverMask:
             result.metrics.update(reward_extra_means(list(data.pop(REWARD_EXTRA_FIELD))))
         if not plan.active:
             return result
-        folded = self.compute(step, plan, data, result, clock)
+
+        def fetch_responses(rows: list[int]) -> list[torch.Tensor]:
+            rows_data = tq.kv_batch_get(
+                keys=[keys[r] for r in rows], partition_id=partition_id, select_fields=["responses"]
+            )
+            return list(rows_data["responses"].unbind())
+
+        folded = self.compute(step, plan, data, result, clock, fetch_responses)
         if folded is not None:
             result.batch = tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=folded)
             clock.lap("put")
         return result
 
     def compute(
-        self, step: int, plan: StepPlan, data: TensorDict, result: RoundTripResult, clock: _Clock
+        self,
+        step: int,
+        plan: StepPlan,
+        data: TensorDict,
+        result: RoundTripResult,
+        clock: _Clock,
+        fetch_responses: Callable[[list[int]], list[torch.Tensor]] | None = None,
     ) -> TensorDict | None:
         """The mask, its metrics (into ``result``) and the folded masks (jagged, as fetched) from the fetched fields.
 
         Works on the jagged fields' flat values (views, no copy): every mask of the registry and every
         diagnostic is token-wise or over the whole batch, and a padded copy would triple the work on a
         long-CoT batch (mean length a third of the maximum). Row-major order is kept, so the token
-        sample and the spurious log pick the same tokens as from padded tensors.
+        sample and the spurious log pick the same tokens as from padded tensors. ``fetch_responses(rows)``
+        returns those rows' token ids (the spurious log's; needed only when ``plan.log_tokens``).
         """
         offsets, flat = flat_fields(data, plan.fields)
         response_mask = flat["response_mask"].bool()
@@ -143,16 +159,13 @@ class DriverMask:
             result.metrics.update({METRIC_PREFIX + key: value for key, value in step_metrics.items()})
             clock.lap("mask")
             if plan.log_tokens:
-                self._log_tokens(step, built.drop_response, offsets, flat, log_prob, entropy)
+                self._log_tokens(step, built.drop_response, offsets, flat, log_prob, entropy, fetch_responses)
                 clock.lap("log")
             folded_response, folded_loss = fold_masks(
                 flat["response_mask"], flat["loss_mask"], built.drop_response, built.drop_count
             )
             folded = TensorDict(
-                {
-                    "response_mask": torch.nested.nested_tensor_from_jagged(folded_response, offsets),
-                    "loss_mask": torch.nested.nested_tensor_from_jagged(folded_loss, offsets),
-                },
+                {"response_mask": jagged(folded_response, offsets), "loss_mask": jagged(folded_loss, offsets)},
                 batch_size=data.batch_size,
             )
             result.expected_loss_tokens = float(torch.count_nonzero(folded_loss))
@@ -166,9 +179,9 @@ class DriverMask:
             clock.lap("sample")
         return folded
 
-    def _log_tokens(self, step, spurious, offsets, flat, log_prob, entropy) -> None:
-        """``SpuriousTokenLog``'s records from the flat mask: the rows holding a kept token are padded
-        (at most ``max_tokens`` rows), and each record names its row of the batch."""
+    def _log_tokens(self, step, spurious, offsets, flat, log_prob, entropy, fetch_responses) -> None:
+        """``SpuriousTokenLog``'s records from the flat mask: the rows holding a kept token (at most
+        ``max_tokens``) are fetched and padded, and each record names its row of the batch."""
         log = self.spurious_log
         positions = spread_evenly(spurious, log.max_tokens).nonzero().squeeze(1)
         if positions.numel() == 0:
@@ -176,6 +189,9 @@ class DriverMask:
         rows = torch.searchsorted(offsets, positions, right=True) - 1
         picked = torch.unique(rows)  # sorted: row-major order is kept
         spans = [(int(offsets[r]), int(offsets[r + 1])) for r in picked]
+        response_ids = fetch_responses(picked.tolist())
+        if [len(ids) for ids in response_ids] != [b - a for a, b in spans]:
+            raise RuntimeError("STAPO expects responses laid out as response_mask (same row lengths)")
 
         def pad(values: torch.Tensor, value: float = 0) -> torch.Tensor:
             return pad_sequence([values[a:b] for a, b in spans], batch_first=True, padding_value=value)
@@ -184,7 +200,7 @@ class DriverMask:
         keep = torch.zeros_like(response_mask, dtype=torch.bool)
         keep[torch.searchsorted(picked, rows), positions - offsets[rows]] = True
         records = spurious_records(
-            pad(flat["responses"], self.pad_token_id),
+            pad_sequence(response_ids, batch_first=True, padding_value=self.pad_token_id),
             keep,
             pad(log_prob),
             pad(entropy),
@@ -215,6 +231,14 @@ def flat_fields(data: TensorDict, names) -> tuple[torch.Tensor, dict[str, torch.
         flat[name] = nested.values()[start:end]
     offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
     return offsets, flat
+
+
+def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """A jagged tensor over ``values`` (no copy), with the row-length bounds ``as_nested_tensor`` caches
+    (without them ``to_padded_tensor`` pads every row to the length of ``values``)."""
+    lengths = offsets.diff()
+    bounds = {"min_seqlen": int(lengths.min()), "max_seqlen": int(lengths.max())} if lengths.numel() else {}
+    return torch.nested.nested_tensor_from_jagged(values, offsets, **bounds)
 
 
 def empty_rows(response_mask: torch.Tensor, offsets: torch.Tensor) -> int:

@@ -20,7 +20,7 @@ from tensordict import NonTensorStack, TensorDict
 from benchmarks.tq_roundtrip import PARTITION, driver_mask, transfer_queue
 from stapo.ablation import threshold_grid, token_sample
 from stapo.masks import MaskInputs, build_token_mask, finalize_metrics
-from stapo.verl_plugin.driver_mask import StepPlan
+from stapo.verl_plugin.driver_mask import RoundTripResult, StepPlan, _Clock
 from stapo.verl_plugin.run_log import SpuriousTokenLog
 
 # float sums whose order of addition differs between the padded and the flat layout
@@ -92,14 +92,17 @@ def test_round_trip_equals_the_padded_reference(tmp_path, monkeypatch):
         _store(tq, batch, keys)
         gets = []
         real_get = tq.kv_batch_get
-        monkeypatch.setattr(tq, "kv_batch_get", lambda **kw: gets.append(kw["select_fields"]) or real_get(**kw))
+        monkeypatch.setattr(tq, "kv_batch_get", lambda **kw: gets.append(kw) or real_get(**kw))
         result = mask.round_trip(1, keys, PARTITION)
         monkeypatch.setattr(tq, "kv_batch_get", real_get)
         back = tq.kv_batch_get(keys=keys, partition_id=PARTITION, select_fields=["response_mask", "loss_mask"])
     folded, expected, sample = _reference(
         batch, mask.settings, ref_mask.diagnostics, ref_mask.spurious_log, ref_mask.tokenizer, mask.spec
     )
-    assert len(gets) == 1 and "extra_fields" in gets[0], gets  # one fetch, reward info included
+    # one fetch of the whole batch (reward info included, token ids not), then the ids of the logged rows only
+    assert len(gets) == 2, gets
+    assert "extra_fields" in gets[0]["select_fields"] and "responses" not in gets[0]["select_fields"]
+    assert gets[1]["select_fields"] == ["responses"] and 0 < len(gets[1]["keys"]) < len(keys)
     assert result.metrics["reward/acc/mean"] == pytest.approx(16 / 48)
     assert result.metrics["actor/stapo/num_spurious"] > 0
     assert result.metrics["actor/stapo/empty_responses"] == 2.0
@@ -135,3 +138,18 @@ def test_a_field_laid_out_differently_is_refused(tmp_path):
     plan = StepPlan(True, False, False, False, ("response_mask", "loss_mask", "advantages"))
     with pytest.raises(RuntimeError, match="'advantages' laid out as response_mask"):
         mask.compute(1, plan, data, None, None)
+
+
+def test_folded_masks_are_jagged_like_verls(tmp_path):
+    """What goes to ``kv_batch_put`` pads as verl's ``as_nested_tensor`` masks do (row-length bounds cached)."""
+    batch = _batch(rows=12, seed=5)
+    mask, ref = driver_mask(tmp_path / "flat"), driver_mask(tmp_path / "padded")
+    fields = {name: _nested(values) for name, values in batch.items() if name != "responses"}
+    data = TensorDict({**fields, "loss_mask": _nested(batch["response_mask"])}, batch_size=12)
+    result = RoundTripResult()
+    folded = mask.compute(
+        1, mask.plan(1), data, result, _Clock(result.timings), lambda rows: [batch["responses"][r] for r in rows]
+    )
+    expected, *_ = _reference(batch, mask.settings, ref.diagnostics, ref.spurious_log, ref.tokenizer, mask.spec)
+    for name in ("response_mask", "loss_mask"):
+        assert torch.equal(folded[name].to_padded_tensor(padding=0), expected), name
