@@ -81,6 +81,11 @@ class STAPOTrainer(PPOTrainerSync):
         # typed, with the dataclass defaults for keys the yaml leaves out
         self._settings = mask_settings(omega_conf_to_dataclass(self.config.actor_rollout_ref.actor))
         self._mask = get_token_mask(self._settings.token_mask)
+        self._driver_mask: DriverMask | None = None  # built in _setup, where verl loads the tokenizer
+        self._expected_loss_tokens: float | None = None
+
+    def _setup(self):
+        super()._setup()
         stapo_config = self.config.get("stapo", {})
         self._driver_mask = DriverMask(
             self._settings,
@@ -90,10 +95,6 @@ class STAPOTrainer(PPOTrainerSync):
             pad_token_id=self.tokenizer.pad_token_id,
             tokenizer=self.tokenizer,
         )
-        self._expected_loss_tokens: float | None = None
-
-    def _setup(self):
-        super()._setup()
         # verl's own ppo_loss, wrapped so an in-loss mask sees the entropy and DP group (see losses.py)
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         self.actor_rollout_wg.set_loss_fn(STAPOLossFn(actor_config))
