@@ -39,11 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="also train this baseline with the same seed and plot both (repeatable), e.g. grpo",
     )
     parser.add_argument("--steps", type=int, default=6, help="training steps (default 6: about 15 minutes on 2 cores)")
-    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
-    parser.add_argument("--group-size", type=int, default=4, help="responses per prompt (default 4)")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step (default 4)")
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=8,
+        help="responses per prompt (default 8: a prompt's responses are generated as one batch, so a larger "
+        "group costs little generation time and gives each prompt a better baseline)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (default 64)")
     parser.add_argument(
-        "--heldout", type=int, default=64, help="held-out problems evaluated before and after (default 64)"
+        "--heldout", type=int, default=48, help="held-out problems evaluated before and after (default 48)"
     )
     parser.add_argument("--lr", type=float, default=1e-5, help="actor learning rate (default 1e-5)")
     parser.add_argument(
