@@ -175,7 +175,7 @@ def run(responses: int, max_len: int, distributions=("realistic", "all_max"), re
 # ---------------------------------------------------------------- its section of BENCHMARKS.md
 
 NAME = "tq"
-TITLE = "2b. The driver's whole round trip: TransferQueue fetch, mask, diagnostics, fold, put"
+TITLE = "2c. The driver's whole round trip: TransferQueue fetch, mask, diagnostics, fold, put"
 SIZES = {
     "quick": {"responses": 64, "max_len": 1024, "repeats": 1},
     "full": {"responses": 2048, "max_len": 15360, "repeats": 3},
