@@ -194,9 +194,8 @@ def run_ray_sweep(
                 overrides = run.overrides(common)
                 label = f"{run.cell} seed {run.seed}"
                 job_id = adopt(api, run)
-                if job_id:
-                    print(f"{head}: job {job_id} from an earlier sweep is still running, waiting for it", flush=True)
-                else:
+                news = f"job {job_id} from an earlier sweep is still running, waiting for it"
+                if not job_id:
                     job_id, code, output = submit(run, overrides, repo, address)
                     write_record(run, launcher="ray", overrides=overrides, job_id=job_id, submitted_at=time.time())
                     if code != 0:
@@ -204,8 +203,10 @@ def run_ray_sweep(
                         write_record(run, launcher="ray", overrides=overrides, job_id=job_id, returncode=code)
                         failed.append(run)
                         continue
-                    print(f"{head}: submitted as {job_id}", flush=True)
+                    news = f"submitted as {job_id}"
+                # in flight before it is announced: an interrupt from here on names the job
                 flying.append(Flight(run, job_id, overrides, label, Progress(0, label)))
+                print(f"{head}: {news}", flush=True)
             time.sleep(poll_s)
             for flight in list(flying):
                 details = api.info(flight.job_id)

@@ -10,6 +10,7 @@ Ray on the same machine).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -37,7 +38,12 @@ def _doctor(cluster: LocalCluster, *args: str, timeout: float = 240) -> subproce
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "stapo.cli", "doctor", "--address", cluster.gcs_address, *args],
-        env=cluster.env, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+        check=False,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
     )
     print(f"[launch] stapo doctor {' '.join(args)}: rc={result.returncode} in {time.monotonic() - started:.1f} s")
     return result
@@ -47,9 +53,18 @@ def _doctor(cluster: LocalCluster, *args: str, timeout: float = 240) -> subproce
 def test_preflight_passes_on_the_two_node_cluster(cluster):
     ckpt = cluster.shared / "ckpt"
     # in the job's own runtime env, with the repository uploaded as its working dir, as submit.sh does
-    result = _doctor(cluster, "-v", "--runtime-env", "launch/ray/runtime_env.yaml", "--working-dir", str(REPO),
-                     "trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={ckpt}",
-                     "model_preset=tiny")
+    result = _doctor(
+        cluster,
+        "-v",
+        "--runtime-env",
+        "launch/ray/runtime_env.yaml",
+        "--working-dir",
+        str(REPO),
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.default_local_dir={ckpt}",
+        "model_preset=tiny",
+    )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr + cluster.logs()
     assert "2 alive node(s)" in out
@@ -69,8 +84,17 @@ def test_preflight_names_what_is_wrong(cluster, tmp_path):
     # workers where `import verl` loads no plugins: STAPO's loss is not registered there
     no_plugins = tmp_path / "no-plugins.yaml"
     no_plugins.write_text('env_vars:\n  VERL_USE_EXTERNAL_PLUGINS: "none"\n')
-    result = _doctor(cluster, "--json", "--skip", "network", "--runtime-env", str(no_plugins), "trainer.nnodes=3",
-                     "trainer.n_gpus_per_node=1", f"trainer.default_local_dir={blocker}/ckpt")
+    result = _doctor(
+        cluster,
+        "--json",
+        "--skip",
+        "network",
+        "--runtime-env",
+        str(no_plugins),
+        "trainer.nnodes=3",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.default_local_dir={blocker}/ckpt",
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     report = {r["name"]: r for r in json.loads(result.stdout)["results"]}
     assert set(report) == {"resources", "versions", "checkpoint", "plugin"}
@@ -92,13 +116,28 @@ def test_tiny_stapo_job_on_two_nodes_through_submit_sh(cluster):
     started = time.monotonic()
     try:
         result = subprocess.run(
-            ["bash", "launch/ray/submit.sh", "model_preset=tiny", "algo=stapo", "trainer.nnodes=2",
-             "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2", "trainer.save_freq=2",
-             f"trainer.default_local_dir={ckpt}"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=480,
+            [
+                "bash",
+                "launch/ray/submit.sh",
+                "model_preset=tiny",
+                "algo=stapo",
+                "trainer.nnodes=2",
+                "trainer.n_gpus_per_node=1",
+                "trainer.total_training_steps=2",
+                "trainer.save_freq=2",
+                f"trainer.default_local_dir={ckpt}",
+            ],
+            check=False,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=480,
         )
     except subprocess.TimeoutExpired:
-        subprocess.run(["ray", "job", "stop", "--address", cluster.dashboard_url, job_id], env=env, timeout=60)
+        subprocess.run(
+            ["ray", "job", "stop", "--address", cluster.dashboard_url, job_id], check=False, env=env, timeout=60
+        )
         raise
     seconds = time.monotonic() - started
     log = result.stdout + result.stderr
@@ -112,7 +151,104 @@ def test_tiny_stapo_job_on_two_nodes_through_submit_sh(cluster):
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     actor = ckpt / "global_step_2" / "actor"
     assert {p.name for p in actor.glob("model_world_size_2_rank_*.pt")} == {
-        "model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"}
+        "model_world_size_2_rank_0.pt",
+        "model_world_size_2_rank_1.pt",
+    }
+
+
+def _sweep(cluster, out, grid: str, *extra: str, popen: bool = False):
+    command = [
+        sys.executable,
+        "-m",
+        "stapo.cli",
+        "sweep",
+        "--launcher",
+        "ray",
+        "--address",
+        cluster.dashboard_url,
+        "--poll",
+        "1",
+        *extra,
+        "--grid",
+        grid,
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+        "--",
+        "model_preset=tiny",
+        "algo=stapo",
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+    ]
+    if popen:
+        return subprocess.Popen(
+            command, cwd=REPO, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    return subprocess.run(command, check=False, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=480)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_sweep_through_the_ray_launcher(cluster):
+    """`stapo sweep --launcher ray`: one good run (1 step) and one the recipe refuses, as two Ray jobs.
+
+    The sweep is interrupted once the good job is submitted and started again with two jobs in flight:
+    it waits for that job instead of submitting it twice; the refused run fails with its error in the printed log tail; the
+    comparison holds the good run, checked against its run folder on the shared directory; a third
+    call with the good cell only submits nothing.
+    """
+    from stapo.rundir import read_metrics
+
+    out = cluster.shared / "sweep"
+    tau = "actor_rollout_ref.actor.policy_loss.tau_p"
+    good = out / "runs" / "tau_p-1e-3" / "seed-1"
+    started = time.monotonic()
+    first = _sweep(cluster, out, f"{tau}=1e-3,2", popen=True)
+    lines = []
+    for line in first.stdout:
+        lines.append(line)
+        if "submitted as" in line:
+            first.send_signal(signal.SIGINT)
+            break
+    rest, _ = first.communicate(timeout=60)
+    text = "".join(lines) + rest
+    assert first.returncode == 130 and "jobs in flight keep running on the cluster: stapo-sweep-" in text, text
+    job_id = json.loads((good / "sweep_run.json").read_text())["job_id"]
+    assert job_id in text
+
+    # both in flight at once: the refused run ends before its driver asks Ray for a GPU
+    second = _sweep(cluster, out, f"{tau}=1e-3,2", "--max-parallel", "2")
+    log = second.stdout + second.stderr
+    assert second.returncode == 1, log[-6000:]
+    assert f"job {job_id} from an earlier sweep is still running, waiting for it" in log, log[-6000:]
+    assert log.count("submitted as") == 1  # only the refused run was submitted
+    assert f"job {job_id} succeeded" in log and "step 1/1 | reward" in log, log[-6000:]
+    assert "tau_p=2 seed 1] job stapo-sweep-tau_p-2-s1-" in log and " FAILED: " in log, log[-6000:]
+    assert "tau_p" in log.split(" FAILED: ")[1] and "Error" in log.split(" FAILED: ")[1], log[-6000:]
+    bad = out / "runs" / "tau_p-2" / "seed-1"
+    assert json.loads((bad / "sweep_run.json").read_text())["status"] == "FAILED"
+    assert "tau_p" in (bad / "trainer.log").read_text()
+    # the good run: written by the job's driver on the shared directory, compared here
+    record = json.loads((good / "sweep_run.json").read_text())
+    assert record["status"] == "SUCCEEDED" and record["returncode"] == 0 and record["seconds"] > 0
+    assert "step:1 - " in (good / "trainer.log").read_text()
+    step = read_metrics(good)[1]
+    groups = json.loads((out / "comparison.json").read_text())["groups"]
+    assert [g["group"] for g in groups] == ["tau_p=1e-3"] and groups[0]["steps_trained"] == [1]
+    stats = groups[0]["stats"]
+    assert stats["mask_ratio"]["mean"] == pytest.approx(step["actor/stapo/mask_ratio"])
+    assert stats["entropy_last"]["mean"] == pytest.approx(step["actor/entropy"])
+    assert stats["wall_s"]["mean"] == pytest.approx(record["seconds"])
+    row = f"| tau_p=1e-3 | 1 | 1 | - | - | {step['critic/score/mean']:.3f} | "
+    assert row in (out / "comparison.md").read_text()
+
+    third = _sweep(cluster, out, f"{tau}=1e-3")
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "finished before, skipped" in third.stdout and "submitted" not in third.stdout
+    assert row in (out / "comparison.md").read_text()
+    print(f"[launch] stapo sweep through the Ray launcher (1 step + 1 refused run): {time.monotonic() - started:.0f} s")
 
 
 def test_the_cluster_stops_without_leftovers(cluster):
