@@ -3,9 +3,10 @@
 After verl's advantages the trainer (``STAPOTrainer._compute_advantage``) needs the whole batch's
 old-pass tensors once: :meth:`DriverMask.round_trip` fetches only the fields this step needs, in one
 ``kv_batch_get`` (the reward's ``extra_fields`` included, for ``reward/<key>/mean``), builds the
-token mask (``stapo.masks``), folds it into ``response_mask`` and ``loss_mask`` and puts back only
-those two fields, then adds the ablation grid and the token sample when they are due. The trainer
-and ``benchmarks/tq_roundtrip.py`` call this same code.
+token mask (``stapo.masks``) on the jagged fields' flat values, folds it into ``response_mask`` and
+``loss_mask`` and puts back only those two fields, then adds the ablation grid and the token sample
+when they are due. The spurious-token log fetches the token ids of the few rows it names on its own.
+The trainer and ``benchmarks/tq_roundtrip.py`` (section 2c of BENCHMARKS.md) call this same code.
 """
 
 from __future__ import annotations
