@@ -303,3 +303,39 @@ def test_dry_run_and_compare_only(tmp_path, capsys):
     assert main(["--grid", "algo=stapo,grpo", "--seeds", "1,2", "--out", str(tmp_path), "--compare-only"]) == 0
     table = (tmp_path / "comparison.md").read_text()
     assert "| algo=stapo | 1,2 | 1 | 0.650 ± 0.050 |" in table and "| algo=grpo | 1,2 | 1 | 0.400 ± 0.050 |" in table
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--max-parallel", "0"), ("--max-parallel", "two"), ("--poll", "0"), ("--poll", "x")]
+)
+def test_ray_options_outside_their_range_are_refused_by_name(tmp_path, capsys, option, value):
+    from stapo.sweep.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--launcher", "ray", "--out", str(tmp_path), option, value])
+    error = capsys.readouterr().err
+    assert option in error and (">= 1" in error or "> 0" in error), error
+
+
+@pytest.mark.parametrize(
+    ("env", "token_file", "mode"),
+    [
+        ({}, True, "token"),  # ~/.ray/auth_token, as start_head.sh creates it
+        ({}, False, None),  # no token anywhere: a cluster without authentication
+        ({"RAY_AUTH_TOKEN": "abc"}, False, "token"),
+        ({"RAY_AUTH_MODE": "disabled"}, True, "disabled"),  # the user's choice stays
+    ],
+)
+def test_the_job_client_sends_the_token_where_submit_sh_would(tmp_path, monkeypatch, env, token_file, mode):
+    from stapo.sweep.ray_launcher import enable_token_auth
+
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    if token_file:
+        (tmp_path / ".ray").mkdir()
+        (tmp_path / ".ray" / "auth_token").write_text("secret")
+    enable_token_auth()
+    assert os.environ.get("RAY_AUTH_MODE") == mode
