@@ -31,6 +31,7 @@ REGISTRY = {
     "quantile": "benchmarks.dp_quantile",
     "entropy": "benchmarks.entropy",
     "e2e": "benchmarks.e2e_step",
+    "rollout": "benchmarks.rollout_group",
 }
 NAMES = tuple(REGISTRY)
 NOTES_MARK = "<!-- notes: written by hand below this line -->"
