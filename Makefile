@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.stapo-installed
 CONSTRAINTS := requirements/constraints-cpu.txt
 
-.PHONY: setup lint-tools test test-fast demo bench clean
+.PHONY: setup lint-tools test test-fast demo bench compare clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,16 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m benchmarks.run --write
+
+# The first recorded comparison (results/README.md): STAPO, GRPO and 20-Entropy, 3 seeds each, on the
+# demo's model and task; 9 runs of 10 steps, one after another (about 4-5 hours on 2 cores). Re-running
+# resumes: finished runs are skipped, an interrupted one restarts from its last checkpoint.
+COMPARE_OUT ?= runs/compare-smollm2
+compare: setup
+	$(BIN)/stapo sweep --grid algo=stapo,grpo,entropy20 --seeds 1,2,3 --out $(COMPARE_OUT) -- \
+		model_preset=smollm2 data.train_batch_size=4 actor_rollout_ref.rollout.n=8 \
+		actor_rollout_ref.actor.ppo_mini_batch_size=4 trainer.total_training_steps=10 trainer.total_epochs=1000 \
+		trainer.test_freq=5 trainer.save_freq=5 trainer.val_before_train=false
 
 clean:
 	rm -rf $(VENV) .pytest_cache
