@@ -7,8 +7,9 @@ run's progress is read from its run folder's ``metrics.jsonl`` (which is why ``-
 storage the cluster's nodes and this machine share: the job's driver writes the run folder at the
 same absolute path). When a job ends, its log is saved as ``trainer.log`` in the run folder, its
 start-to-end time and exit state in ``sweep_run.json``; a failed job's message and log tail are
-printed. A run whose job is still running when the sweep is started again is waited for, not
-submitted a second time; a failed or stopped one is submitted again (it resumes from its checkpoint).
+printed. A run whose job is still pending or running (or succeeded unrecorded) when the sweep is
+started again is taken over, not submitted a second time; a failed or stopped one is submitted again
+(it resumes from its checkpoint).
 """
 
 from __future__ import annotations
@@ -163,15 +164,19 @@ def finish(api: JobApi, flight: Flight, details) -> bool:
     return False
 
 
-def adopt(api: JobApi, run: PlannedRun) -> str | None:
-    """The job id of this run's earlier job when that job is still pending or running."""
+def adopt(api: JobApi, run: PlannedRun) -> tuple[str, str] | None:
+    """(job id, status) of this run's earlier job when it is pending, running, or ended well unrecorded.
+
+    A sweep interrupted between a job's success and its record finds that job here and records it
+    instead of training the run again; a failed or stopped job is not adopted (it is submitted anew).
+    """
     record = read_record(run.run_dir)
     job_id = record.get("job_id")
     if not job_id or record.get("returncode") is not None:
         return None
     details = api.info(job_id)
     status = getattr(details.status, "value", str(details.status)) if details is not None else None
-    return job_id if status in ("PENDING", "RUNNING") else None
+    return (job_id, status) if status in ("PENDING", "RUNNING", "SUCCEEDED") else None
 
 
 def run_ray_sweep(
@@ -193,9 +198,11 @@ def run_ray_sweep(
                 head, run = queue.pop(0)
                 overrides = run.overrides(common)
                 label = f"{run.cell} seed {run.seed}"
-                job_id = adopt(api, run)
-                news = f"job {job_id} from an earlier sweep is still running, waiting for it"
-                if not job_id:
+                earlier = adopt(api, run)
+                if earlier:
+                    job_id = earlier[0]
+                    news = f"job {job_id} of an earlier sweep is {earlier[1].lower()}, taken over"
+                else:
                     job_id, code, output = submit(run, overrides, repo, address)
                     write_record(run, launcher="ray", overrides=overrides, job_id=job_id, submitted_at=time.time())
                     if code != 0:
