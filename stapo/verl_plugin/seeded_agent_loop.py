@@ -26,9 +26,13 @@ def group_size(rollout_config, sampling_params: dict[str, Any]) -> int | None:
     verl's agent loop worker does not pass the group size or the train/validation flag to the loop;
     it does pass the sampling parameters, which are ``rollout.*`` in training and
     ``rollout.val_kwargs.*`` in validation. When exactly one of the two matches, its ``n`` is the
-    group size; when both or neither match (equal settings, a per-sample greedy override), there is
-    no group and each request is generated on its own, which is slower but just as reproducible.
+    group size; when both or neither match (equal settings, an unknown override), there is no group
+    and each request is generated on its own, which is slower but just as reproducible. Greedy
+    requests (temperature 0: validation by default, or a prompt verl marks ``__do_sample__=False``,
+    whose n training samples then carry validation's settings) are never grouped.
     """
+    if float(sampling_params.get("temperature", 1.0)) <= 0:
+        return None
 
     def matches(source) -> bool:
         return all(sampling_params.get(key) == source.get(key) for key in SAMPLING_KEYS)

@@ -236,7 +236,10 @@ def test_group_size_from_sampling_parameters():
     )
     train = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "logprobs": True}
     assert group_size(rollout, train) == 8
-    assert group_size(rollout, dict(train, temperature=0)) == 1  # validation's settings
+    assert group_size(rollout, dict(train, temperature=0)) is None  # greedy (validation's settings): never grouped
+    rollout.val_kwargs.temperature, rollout.val_kwargs.n = 1.0, 4  # sampled validation, 4 per prompt
+    assert group_size(rollout, dict(train, temperature=1.0)) == 4
+    rollout.val_kwargs.temperature = 0
     assert group_size(rollout, dict(train, temperature=0.5)) is None  # neither: no group
     rollout.val_kwargs.temperature = 0.7  # validation samples like training: cannot tell, no group
     assert group_size(rollout, train) is None
