@@ -22,7 +22,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import finalize_metrics, get_token_mask
-from stapo.verl_plugin.driver_mask import DriverMask, fold_masks  # noqa: F401  (fold_masks: re-exported)
+from stapo.verl_plugin.driver_mask import DriverMask
 from stapo.verl_plugin.losses import (
     DEFINED_SUFFIX,
     IN_LOSS_PREFIX,

@@ -18,7 +18,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import MaskInputs, MaskSettings, TokenMask, build_token_mask
 from stapo.verl_plugin.config import TARGET
-from stapo.verl_plugin.trainer import fold_masks
+from stapo.verl_plugin.driver_mask import fold_masks
 
 PL = "actor_rollout_ref.actor.policy_loss"
 

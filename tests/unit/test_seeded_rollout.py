@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from stapo.verl_plugin.cpu.sampling import Sampling, filter_logits, sample_group, sample_request
+from stapo.verl_plugin.cpu.sampling import Sampling, filter_logits, sample_group
 from stapo.verl_plugin.seeding import request_seed, seed_for_request
 
 EOS = 1
@@ -63,7 +63,7 @@ def test_filter_matches_hf_warpers(temperature, top_k, top_p):
 def test_kv_cache_loop_matches_full_recompute(model_dir):
     model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
     sampling = Sampling(temperature=1.0, top_k=30, max_tokens=10, logprobs=True)
-    tokens, log_probs, _ = sample_request(model, [5, 6, 7, 8], sampling, seed=123, eos_ids=[EOS])
+    tokens, log_probs, _ = sample_group(model, [5, 6, 7, 8], sampling, seeds=[123], eos_ids=[EOS])[0]
     generator = torch.Generator().manual_seed(123)
     sequence, expected = [5, 6, 7, 8], []
     with torch.no_grad():

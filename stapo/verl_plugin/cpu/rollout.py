@@ -118,16 +118,17 @@ class HFGenerationServer:
         sampling = self.sampling(prompt_ids, params)
         seed = self._seed(request_id, params.get("seed"), sampling)
         if group is None or int(group["size"]) == 1:
-            loop = asyncio.get_running_loop()
-            results = await loop.run_in_executor(
-                self._pool, sample_group, self.model, list(prompt_ids), sampling, [seed], self.eos_ids
-            )
-            tokens, log_probs, stop = results[0]
+            tokens, log_probs, stop = (await self._sample(list(prompt_ids), sampling, [seed]))[0]
         else:
             tokens, log_probs, stop = await self._generate_in_group(group, list(prompt_ids), sampling, seed)
         return TokenOutput(
             token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra_fields={"global_steps": self.global_steps}
         )
+
+    async def _sample(self, prompt_ids: list[int], sampling: Sampling, seeds: list[int | None]) -> list[tuple]:
+        """``sample_group`` in the server's thread pool (one intra-op thread each, see the class docstring)."""
+        run = (sample_group, self.model, prompt_ids, sampling, seeds, self.eos_ids)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, *run)
 
     def _seed(self, request_id: str, seed: int | None, sampling: Sampling) -> int | None:
         if seed is None and not sampling.greedy:
@@ -150,8 +151,7 @@ class HFGenerationServer:
             raise ValueError(f"HF rollout group {key}: its requests differ in prompt, sampling or group size")
         if not 0 <= index < size or index in pending.futures:
             raise ValueError(f"HF rollout group {key}: sample index {index} is outside [0, {size}) or came twice")
-        loop = asyncio.get_running_loop()
-        future = pending.futures[index] = loop.create_future()
+        future = pending.futures[index] = asyncio.get_running_loop().create_future()
         pending.seeds[index] = seed
         if len(pending.futures) < size:
             try:  # the timeout covers the wait for the siblings only, not the generation itself
@@ -168,13 +168,11 @@ class HFGenerationServer:
         pending.complete.set()
         order = sorted(pending.futures)
         try:
-            results = await loop.run_in_executor(
-                self._pool, sample_group, self.model, prompt_ids, sampling, [pending.seeds[i] for i in order],
-                self.eos_ids,
-            )
-        except Exception as exc:  # every member of the group sees the failure
+            results = await self._sample(prompt_ids, sampling, [pending.seeds[i] for i in order])
+        except Exception as exc:  # every waiting member of the group sees the failure; this one raises it
             for i in order:
-                pending.futures[i].set_exception(exc)
+                if pending.futures[i] is not future:
+                    pending.futures[i].set_exception(exc)
             raise
         for i, result in zip(order, results):
             pending.futures[i].set_result(result)

@@ -117,9 +117,3 @@ def sample_group(
         logits = out.logits[:, -1].float()
     return [(tokens[row], log_probs[row] if sampling.logprobs else None, stops[row]) for row in range(rows)]
 
-
-def sample_request(
-    model, prompt_ids: list[int], sampling: Sampling, seed: int | None, eos_ids: list[int]
-) -> tuple[list[int], list[float] | None, str]:
-    """One response (a group of one): see ``sample_group``."""
-    return sample_group(model, prompt_ids, sampling, [seed], eos_ids)[0]
