@@ -13,3 +13,21 @@ from pathlib import Path
 _BIN = str(Path(sys.executable).parent)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
+
+import pytest  # noqa: E402
+
+# The CLI and the doctor set RAY_AUTH_MODE in their own process, as a user's driver needs. In the one
+# pytest process that setting would outlive the test and make every later ray.init start a cluster
+# that demands a token nobody holds (CI stop 17 failed that way), so each test gets these back.
+_RAY_AUTH_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+@pytest.fixture(autouse=True)
+def _ray_auth_settings_do_not_leak():
+    before = {key: os.environ.get(key) for key in _RAY_AUTH_KEYS}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
