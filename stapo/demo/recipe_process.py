@@ -23,7 +23,13 @@ import psutil
 RECIPE = "recipe.stapo.main_stapo"
 # full Hydra tracebacks, every worker's lines (no Ray de-duplication), lines as they are printed
 BASE_ENV = {"HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
-SAMPLE_S = 0.5
+TICK_S = 0.5
+# PSS reads every process's page tables (/proc/PID/smaps_rollup): on a trainer's 20-odd processes of
+# several GiB each, sampling every tick cost 8 % of a core (mostly kernel time) on the 2-core machine,
+# taken from the run it watches. A peak of a run that lasts minutes needs no finer grain than this;
+# a short process (a refused config, ``--cfg job``) is sampled every tick for its first seconds.
+MEMORY_SAMPLE_S = 5.0
+EVERY_TICK_FOR_S = 10.0
 
 
 def recipe_command(overrides: list[str]) -> list[str]:
@@ -69,7 +75,8 @@ def run_recipe_process(
     """Run the recipe until it exits (or ``timeout`` seconds, then its session is killed).
 
     ``on_line(line, proc)`` sees every output line as it comes (stdout and stderr together);
-    ``on_tick(elapsed_s)`` is called every half second from the memory sampler. wandb stays
+    ``on_tick(elapsed_s)`` is called every half second from the sampler thread, which reads the tree's
+    memory every ``MEMORY_SAMPLE_S``. wandb stays
     offline unless the caller's environment or ``env`` says otherwise. Ctrl-C stops the child
     with SIGTERM (so checkpoints already written stay usable) and is raised again.
     """
@@ -84,9 +91,12 @@ def run_recipe_process(
     peak, timed_out, done = [0], [False], threading.Event()
 
     def sample() -> None:
-        while not done.wait(SAMPLE_S):
-            peak[0] = max(peak[0], process_tree_rss(proc.pid))
+        next_memory = 0.0
+        while not done.wait(TICK_S):
             elapsed = time.monotonic() - started
+            if elapsed >= next_memory:
+                peak[0] = max(peak[0], process_tree_rss(proc.pid))
+                next_memory = elapsed + (MEMORY_SAMPLE_S if elapsed > EVERY_TICK_FOR_S else 0.0)
             if timeout is not None and elapsed > timeout:
                 timed_out[0] = True
                 _kill_session(proc.pid)
