@@ -25,7 +25,7 @@ RECIPE = "recipe.stapo.main_stapo"
 BASE_ENV = {"HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
 TICK_S = 0.5
 # PSS reads every process's page tables (/proc/PID/smaps_rollup): on a trainer's 20-odd processes of
-# several GiB each, sampling every tick cost 8 % of a core (mostly kernel time) on the 2-core machine,
+# several GiB each, sampling every tick cost 5-8 % of a core (top, per watching process) on 2 cores,
 # taken from the run it watches. A peak of a run that lasts minutes needs no finer grain than this;
 # a short process (a refused config, ``--cfg job``) is sampled every tick for its first seconds.
 MEMORY_SAMPLE_S = 5.0
