@@ -83,14 +83,18 @@ def token_sample(
     S2T region (p < tau_p, H < tau_h) drawn over them. Deterministic (evenly spaced in batch order), so
     two paired runs sample the same positions.
     """
-    from stapo.spurious_log import spread_evenly
+    from stapo.spurious_log import spread_positions
 
-    keep = spread_evenly(response_mask.bool(), size)
-    advantages = broadcast_advantages(advantages, log_prob)
+    positions = spread_positions(response_mask, size)  # flat, row-major: read by index, not by a full mask
+    per_response = broadcast_advantages(advantages, log_prob).shape != advantages.shape  # checks the shape too
+
+    def at(values: torch.Tensor, per_row: bool = False) -> torch.Tensor:
+        return values[positions // response_mask.shape[-1]] if per_row else values.reshape(-1)[positions]
+
     rows = zip(
-        torch.exp(log_prob[keep].double()).tolist(),
-        entropy[keep].double().tolist(),
-        advantages[keep].double().tolist(),
-        silenced[keep].tolist(),
+        torch.exp(at(log_prob).double()).tolist(),
+        at(entropy).double().tolist(),
+        at(advantages, per_response).double().tolist(),
+        at(silenced).tolist(),
     )
     return [{"prob": p, "entropy": h, "advantage": a, "silenced": bool(s)} for p, h, a, s in rows]

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from stapo.gradnorm import grad_norm_sq_lower_bound
 from stapo.quantile import global_quantile, group_size, less_than, masked_quantiles
-from stapo.s2t import broadcast_advantages, detect_spurious
+from stapo.s2t import broadcast_advantages, spurious_among
 from stapo.validation import (
     ENTROPY20_TOP_FRACTION,
     PAPER_ENTROPY_QUANTILE,
@@ -176,6 +176,11 @@ def build_token_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     for needed, value, key in needs:
         if needed and value is None:
             raise ValueError(f"token_mask={spec.name!r} needs {key}, which the caller did not pass")
+        if value is not None and value.shape != inputs.response_mask.shape:
+            raise ValueError(
+                f"{key} and response_mask must share one shape, got {tuple(value.shape)} and "
+                f"{tuple(inputs.response_mask.shape)}"
+            )
     advantages = broadcast_advantages(inputs.advantages, inputs.response_mask)
     inputs = MaskInputs(inputs.response_mask.bool(), advantages, inputs.log_prob, inputs.entropy, inputs.group)
     with torch.no_grad():
@@ -206,19 +211,29 @@ def common_counts(inputs: MaskInputs, drop_response: torch.Tensor, drop_count: t
     responses (verl's padding samples, instant EOS) are legal but carry no signal.
     """
     mask, advantages = inputs.response_mask, inputs.advantages
+    num_tokens = count(mask)
     counts = {
-        "num_response_tokens": count(mask),
+        "num_response_tokens": num_tokens,
         "num_dropped": count(mask & drop_response),
         "num_loss_tokens_expected": count(mask & ~drop_count),
         "num_zero_advantage": count(mask & (advantages == 0)),
-        "nonfinite_advantage": count(mask & ~torch.isfinite(advantages)),
-        "empty_responses": count(~mask.any(dim=-1)) if mask.dim() > 1 else float(not mask.any()),
+        "nonfinite_advantage": count_nonfinite(advantages, mask),
+        # a 1-D mask is one response (or the driver's flat batch, whose caller counts its rows)
+        "empty_responses": count(~mask.any(dim=-1)) if mask.dim() > 1 else float(num_tokens == 0),
     }
     if inputs.entropy is not None:
-        counts["nonfinite_entropy"] = count(mask & ~torch.isfinite(inputs.entropy))
+        counts["nonfinite_entropy"] = count_nonfinite(inputs.entropy, mask)
     if inputs.log_prob is not None:
-        counts["nonfinite_log_prob"] = count(mask & ~torch.isfinite(inputs.log_prob))
+        counts["nonfinite_log_prob"] = count_nonfinite(inputs.log_prob, mask)
     return counts
+
+
+def count_nonfinite(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """``count(mask & ~isfinite(values))``. One NaN or infinity anywhere makes the sum of all values
+    non-finite, so a finite sum proves the count is 0 in one cheap pass (``isfinite`` is several)."""
+    if math.isfinite(float(values.sum())):
+        return 0.0
+    return count(mask & ~torch.isfinite(values))
 
 
 def entropy_percentiles(entropy: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -249,15 +264,13 @@ def no_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
 def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     """S2T (docs/algorithm.md section 2): drop spurious tokens from both the sum and the count."""
     mask, log_prob, entropy, advantages = inputs.response_mask, inputs.log_prob, inputs.entropy, inputs.advantages
-    detection = detect_spurious(
-        log_prob, entropy, advantages, mask, settings.tau_p, settings.entropy_quantile, inputs.group
-    )
-    spurious = detection.spurious
     # full-batch elementwise ops in the batch's dtype, never a gather or a float64 copy of the batch:
     # at the paper's 31M response tokens those dominate the driver's time (benchmarks/mask_build.py)
     positive = mask & (advantages > 0)
     prob = torch.exp(log_prob)
-    low_prob = positive & (prob < settings.tau_p)  # the candidate rule, in detect_spurious's dtype
+    low_prob = positive & (prob < settings.tau_p)  # s2t.candidate_mask's rule, computed once for both uses
+    detection = spurious_among(low_prob, entropy, settings.entropy_quantile, inputs.group)
+    spurious = detection.spurious
     # section 4: the quadrants split positive-advantage tokens at tau_p and tau_h; with no candidate
     # tau_h is undefined and the split falls back to the median entropy of those tokens
     split = detection.tau_h

@@ -77,19 +77,38 @@ def detect_spurious(
     _check_shapes(log_prob, entropy, response_mask)
     with torch.no_grad():
         candidates = candidate_mask(log_prob, advantages, response_mask, tau_p)
-        candidates = candidates & torch.isfinite(entropy)
-        candidate_entropy = entropy[candidates]
+    return spurious_among(candidates, entropy, entropy_quantile, group)
+
+
+def spurious_among(
+    candidates: torch.Tensor, entropy: torch.Tensor, entropy_quantile: float, group: dist.ProcessGroup | None = None
+) -> S2TDetection:
+    """The second half of :func:`detect_spurious`: the candidates below ``tau_h`` (any shape).
+
+    For a caller that already holds the candidate mask (``stapo.masks`` computes the same rule for
+    its quadrant counts). Works at the candidates' positions only, about 1% of a batch: their
+    entropies are read once by index, and a non-finite one leaves the candidate set.
+    """
+    check_entropy_quantile(entropy_quantile)
+    with torch.no_grad():
+        candidates = candidates.bool().contiguous()
+        positions = candidates.view(-1).nonzero().squeeze(1)
+        candidate_entropy = entropy.reshape(-1)[positions]
+        finite = torch.isfinite(candidate_entropy)
+        if not bool(finite.all()):
+            candidates = candidates.clone()
+            candidates.view(-1)[positions[~finite]] = False
+            positions, candidate_entropy = positions[finite], candidate_entropy[finite]
         # on the tensors' device: a NCCL group cannot all-reduce a CPU tensor
         count = torch.tensor(candidate_entropy.numel(), device=entropy.device)
         num_candidates = int(all_reduce_sum(count, group).item())
         tau_h = global_quantile(candidate_entropy, entropy_quantile, group)
-        spurious = torch.zeros_like(candidates)
+        spurious = torch.zeros(candidates.shape, dtype=torch.bool, device=candidates.device)
         if not math.isnan(tau_h):
             # compared in float64 (tau_h interpolates between two entropies and may not be a float32),
-            # but only at the candidates, about 1% of the batch: no full-batch float64 copy
-            spurious[candidates] = candidate_entropy.to(torch.float64) < tau_h
+            # but only at the candidates: no full-batch float64 copy
+            spurious.view(-1)[positions] = candidate_entropy.to(torch.float64) < tau_h
     return S2TDetection(spurious=spurious, candidates=candidates, tau_h=tau_h, num_candidates=num_candidates)
-
 
 
 def spurious_mask(log_prob, entropy, advantages, response_mask, **settings) -> torch.Tensor:

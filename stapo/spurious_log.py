@@ -35,15 +35,18 @@ def spurious_records(
     """
     records = []
     for row, col in spurious.nonzero().tolist():
-        ids = response_ids[row].tolist()[: None if lengths is None else lengths[row]]
+        # only the token and its context are read (a long-CoT row holds 15k ids)
+        start = max(0, col - context)
+        end = col + 1 + context if lengths is None else min(col + 1 + context, lengths[row])
+        window = response_ids[row, start:end].tolist()
         records.append(
             {
                 "step": step,
                 "sample": row,
                 "position": col,
-                "token": decode([ids[col]]),
-                "before": decode(ids[max(0, col - context) : col]),
-                "after": decode(ids[col + 1 : col + 1 + context]),
+                "token": decode([window[col - start]]),
+                "before": decode(window[: col - start]),
+                "after": decode(window[col - start + 1 :]),
                 "prob": float(torch.exp(log_prob[row, col])),
                 "entropy": float(entropy[row, col]),
             }
@@ -58,16 +61,38 @@ def spread_evenly(spurious: torch.Tensor, max_tokens: int) -> torch.Tensor:
     one of each run is kept: deterministic, and a capped step shows tokens from the whole batch
     (every prompt group, early and late positions), not only its first rows.
     """
-    keep = torch.zeros_like(spurious, dtype=torch.bool)
-    positions = spurious.reshape(-1).nonzero().squeeze(1)
-    count = positions.numel()
-    if max_tokens <= 0 or count == 0:
-        return keep
-    if count > max_tokens:
-        middles = (2 * torch.arange(max_tokens, device=positions.device) + 1) * count // (2 * max_tokens)
-        positions = positions[middles]
-    keep.view(-1)[positions] = True
+    keep = torch.zeros(spurious.shape, dtype=torch.bool, device=spurious.device)
+    keep.view(-1)[spread_positions(spurious, max_tokens)] = True
     return keep
+
+
+def spread_positions(mask: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    """The flat (row-major) positions :func:`spread_evenly` keeps, ascending.
+
+    Without listing every True position: on a dense mask of a paper-size batch (31M tokens) that
+    list alone is 250 MB. The ranks wanted are known from the count; blocks of the mask are counted,
+    and only the blocks holding a wanted rank are searched.
+    """
+    flat = mask.reshape(-1).bool()
+    count = int(torch.count_nonzero(flat))
+    if max_tokens <= 0 or count == 0:
+        return torch.zeros(0, dtype=torch.long, device=mask.device)
+    if count <= max_tokens:
+        return flat.nonzero().squeeze(1)
+    ranks = (2 * torch.arange(max_tokens, device=flat.device) + 1) * count // (2 * max_tokens)
+    return nth_true(flat, ranks)
+
+
+def nth_true(flat: torch.Tensor, ranks: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """Positions of the ``ranks``-th True values (0-based, ascending ranks) of a 1-D bool tensor."""
+    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % block)).view(-1, block)
+    per_block = torch.count_nonzero(padded, dim=1)
+    before = per_block.cumsum(0) - per_block  # True values before each block
+    blocks = torch.searchsorted(before, ranks, right=True) - 1
+    within = ranks - before[blocks]  # rank inside its block
+    running = padded[blocks].cumsum(dim=1)  # one row per wanted rank: blocks x block, small
+    offsets = (running > within.unsqueeze(1)).to(torch.uint8).argmax(dim=1)
+    return blocks * block + offsets
 
 
 def valid_lengths(response_mask: torch.Tensor) -> list[int]:

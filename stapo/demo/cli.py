@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ALGO",
         help="also train this baseline with the same seed and plot both (repeatable), e.g. grpo",
     )
-    parser.add_argument("--steps", type=int, default=6, help="training steps (default 6: about 15-19 minutes on 2 cores)")
+    parser.add_argument(
+        "--steps", type=int, default=6, help="training steps (default 6: about 15-19 minutes on 2 cores)"
+    )
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step (default 4)")
     parser.add_argument(
         "--group-size",

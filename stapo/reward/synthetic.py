@@ -14,6 +14,7 @@ from typing import Any
 
 from stapo.reward.boxed import compute_score as strict_score
 
+
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs) -> dict:
     answer = str(ground_truth).strip()
     partial = bool(answer) and answer[-1] in (solution_str or "")

@@ -23,7 +23,7 @@ from tensordict import TensorDict
 from torch.nn.utils.rnn import pad_sequence
 
 from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask, finalize_metrics
-from stapo.spurious_log import append_jsonl, spread_evenly, spurious_records, valid_lengths
+from stapo.spurious_log import append_jsonl, spread_positions, spurious_records, valid_lengths
 from stapo.verl_plugin.losses import METRIC_PREFIX
 from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics, reward_extra_means
 
@@ -184,7 +184,7 @@ class DriverMask:
         """``SpuriousTokenLog``'s records from the flat mask: the rows holding a kept token (at most
         ``max_tokens``) are fetched and padded, and each record names its row of the batch."""
         log = self.spurious_log
-        positions = spread_evenly(spurious, log.max_tokens).nonzero().squeeze(1)
+        positions = spread_positions(spurious, log.max_tokens)
         if positions.numel() == 0:
             return
         rows = torch.searchsorted(offsets, positions, right=True) - 1

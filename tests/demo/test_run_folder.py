@@ -11,7 +11,7 @@ import torch
 from stapo.demo.plot import plot_runs, run_labels, series
 from stapo.demo.progress import Progress, format_duration, parse_step_line, parse_steps
 from stapo.rundir import metric_segments, read_metrics, rotate_metrics
-from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, spread_evenly, write_summary
+from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, spread_evenly, spread_positions, write_summary
 from stapo.verl_plugin.run_log import SpuriousTokenLog, reward_extra_means
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -193,3 +193,26 @@ def test_summary_reads_the_log_and_skips_a_torn_line(tmp_path):
     summary = (tmp_path / SUMMARY_NAME).read_text()
     assert "| `7` | 2 |" in summary and "3 logged" in summary
     assert write_summary(tmp_path / "missing") == []
+
+
+@pytest.mark.parametrize("size", [1, 1023, 1024, 1025, 5000, 70_001])
+@pytest.mark.parametrize("density", [0.0, 0.0005, 0.3, 1.0])
+def test_spread_positions_equal_the_listed_reference(size, density):
+    """spread_positions counts blocks instead of listing every True position (a 31M-token batch):
+    it must pick what indexing the full list of positions picks, for any length and density."""
+    g = torch.Generator().manual_seed(size * 7 + int(density * 1e4))
+    mask = torch.rand(size, generator=g) < density
+    if density == 0.3:
+        mask[size // 3 : size // 3 + 3000] = False  # whole empty blocks between full ones
+    listed = mask.nonzero().squeeze(1)
+    for cap in (0, 1, 7, 200, 2000, size + 1):
+        got = spread_positions(mask, cap)
+        n = listed.numel()
+        if cap <= 0 or n == 0:
+            expected = []
+        elif n <= cap:
+            expected = listed.tolist()
+        else:
+            expected = [int(listed[(2 * i + 1) * n // (2 * cap)]) for i in range(cap)]  # loop, one by one
+        assert got.tolist() == expected, (size, density, cap)
+    assert torch.equal(spread_evenly(mask.view(1, -1), 50).view(-1).nonzero().squeeze(1), spread_positions(mask, 50))
