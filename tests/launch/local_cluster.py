@@ -131,12 +131,16 @@ def _wait_for(predicate, timeout: float, what: str, cluster: LocalCluster) -> No
             return
         for node in cluster.nodes:
             if node.proc.poll() is not None:
-                raise RuntimeError(f"{node.name} exited ({node.proc.returncode}) while waiting for {what}\n{cluster.logs()}")
+                raise RuntimeError(
+                    f"{node.name} exited ({node.proc.returncode}) while waiting for {what}\n{cluster.logs()}"
+                )
         time.sleep(0.5)
     raise TimeoutError(f"{what} not ready after {timeout:.0f}s\n{cluster.logs()}")
 
 
-def start_cluster(root: Path, shared_dir: Path, num_cpus: int = 8, num_gpus: int = 1, timeout: float = 120) -> LocalCluster:
+def start_cluster(
+    root: Path, shared_dir: Path, num_cpus: int = 8, num_gpus: int = 1, timeout: float = 120
+) -> LocalCluster:
     """Head + one worker node on this machine, each with ``num_gpus`` logical GPU slots."""
     root.mkdir(parents=True, exist_ok=True)
     gcs, dash, client, agent_h, agent_w = free_ports(5)
@@ -159,7 +163,9 @@ def start_cluster(root: Path, shared_dir: Path, num_cpus: int = 8, num_gpus: int
 
     def launch(name: str, script: str, extra: dict[str, str]) -> NodeProc:
         lo, hi = free_range(200)
-        env = dict(base, RAY_TEMP_DIR=str(root / name), RAY_MIN_WORKER_PORT=str(lo), RAY_MAX_WORKER_PORT=str(hi), **extra)
+        env = dict(
+            base, RAY_TEMP_DIR=str(root / name), RAY_MIN_WORKER_PORT=str(lo), RAY_MAX_WORKER_PORT=str(hi), **extra
+        )
         log = root / f"{name}.log"
         with open(log, "w") as out:
             proc = subprocess.Popen(
@@ -174,8 +180,11 @@ def start_cluster(root: Path, shared_dir: Path, num_cpus: int = 8, num_gpus: int
         return "Ray runtime started" in node.log.read_text()
 
     try:
-        head = launch("head", "start_head.sh", dict(RAY_HEAD_PORT=str(gcs), RAY_DASHBOARD_PORT=str(dash),
-                                                    RAY_CLIENT_PORT=str(client), RAY_DASHBOARD_AGENT_LISTEN_PORT=str(agent_h)))
+        head_ports = dict(
+            RAY_HEAD_PORT=str(gcs), RAY_DASHBOARD_PORT=str(dash), RAY_CLIENT_PORT=str(client),
+            RAY_DASHBOARD_AGENT_LISTEN_PORT=str(agent_h),
+        )
+        head = launch("head", "start_head.sh", head_ports)
         _wait_for(lambda: started(head), timeout, "the head node", cluster)
         text = head.log.read_text()
         marker = "ray start --address='"

@@ -195,8 +195,8 @@ def test_sweep_through_the_ray_launcher(cluster):
     """`stapo sweep --launcher ray`: one good run (1 step) and one the recipe refuses, as two Ray jobs.
 
     The sweep is interrupted once the good job is submitted and started again with two jobs in flight:
-    it waits for that job instead of submitting it twice; the refused run fails with its error in the printed log tail; the
-    comparison holds the good run, checked against its run folder on the shared directory; a third
+    it waits for that job instead of submitting it twice; the refused run fails with its error in the
+    printed log tail; the comparison holds the good run, checked against its run folder on the shared directory; a third
     call with the good cell only submits nothing.
     """
     from stapo.rundir import read_metrics

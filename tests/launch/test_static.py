@@ -1,4 +1,4 @@
-"""Checks that need no cluster: shellcheck, hadolint, and that every place that names a version,
+"""Checks that need no cluster: shellcheck, hadolint, ruff, and that every place that names a version,
 a port or a job shape agrees with the others (CI cannot build the image, so this is what guards it)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 
@@ -41,6 +41,16 @@ def test_scripts_exist():
         "launch/slurm/stapo.sbatch",
         "docker/entrypoint.sh",
     } <= names, names
+
+
+def test_python_is_lint_clean():
+    """pyflakes, pycodestyle and import order over the project's Python (the settings of pyproject.toml)."""
+    ruff = _tool("ruff", "make lint-tools (pip install ruff)")
+    paths = ["stapo", "recipe", "benchmarks", "tests"]
+    lint = subprocess.run(
+        [ruff, "check", "--no-cache", "--select", "E,F,W,I", *paths], cwd=REPO, capture_output=True, text=True
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.relative_to(REPO).as_posix())
@@ -113,7 +123,8 @@ def test_dockerfile_versions_agree_with_pyproject_and_constraints():
         ("TRANSFER_QUEUE_VERSION", "TransferQueue"),
     ):
         version = args[arg]
-        assert _pyproject_req(package).specifier.contains(version), f"{arg}={version} vs pyproject {_pyproject_req(package)}"
+        required = _pyproject_req(package)
+        assert required.specifier.contains(version), f"{arg}={version} vs pyproject {required}"
         assert version == _constraint(package), f"{arg}={version} vs constraints-cpu.txt {_constraint(package)}"
     assert args["VERL_VERSION"] == "0.9.1"
     # the notes' facts for verl 0.9.1: transformers >=5.5.3,<5.11 and TransferQueue >=0.1.10
@@ -129,8 +140,8 @@ def test_dockerfile_base_and_install_rules():
     assert "latest" not in args["BASE_IMAGE"]
     assert "FROM ${BASE_IMAGE}" in text
     # torch and vLLM come from the base: never installed or upgraded here, held by the constraints file
-    install_lines = [l for l in text.splitlines() if "pip install" in l]
-    assert install_lines and all("torch" not in l and "vllm" not in l for l in install_lines), install_lines
+    install_lines = [line for line in text.splitlines() if "pip install" in line]
+    assert install_lines and all("torch" not in line and "vllm" not in line for line in install_lines), install_lines
     assert "-c /tmp/image-pins.txt" in text and "diff /tmp/image-pins.txt -" in text
     for label in ("org.opencontainers.image.version", "org.stapo.version.verl", "org.stapo.version.transformers"):
         assert label in text
