@@ -45,7 +45,7 @@ bench: setup
 # resumes: finished runs are skipped, an interrupted one restarts from its last checkpoint.
 COMPARE_OUT ?= runs/compare-smollm2
 compare: setup
-	$(BIN)/stapo sweep --grid algo=stapo,grpo,entropy20 --seeds 1,2,3 --out $(COMPARE_OUT) -- \
+	$(BIN)/stapo sweep --grid algo=stapo,grpo,entropy20 --seeds 1,2,3 --baseline algo=grpo --out $(COMPARE_OUT) -- \
 		model_preset=smollm2 data.train_batch_size=4 actor_rollout_ref.rollout.n=8 \
 		actor_rollout_ref.actor.ppo_mini_batch_size=4 trainer.total_training_steps=4 trainer.total_epochs=1000 \
 		trainer.test_freq=4 trainer.save_freq=2 trainer.val_before_train=false

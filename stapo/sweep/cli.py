@@ -8,7 +8,9 @@ presets), or, with ``--launcher ray``, each as its own Ray job through ``launch/
 whose folder records a clean finish is skipped, so the same command resumes an interrupted sweep; an
 unfinished run restarts from its last checkpoint (its own ``checkpoints/`` folder,
 ``trainer.resume_mode=auto``). After the runs, and with ``--compare-only`` at any time,
-``OUT/comparison.md`` / ``.json`` and ``OUT/plots/`` are written from the run folders.
+``OUT/comparison.md`` / ``.json`` and ``OUT/plots/`` are written from the run folders: mean ± standard
+error per cell over seeds, then each cell's difference to ``--baseline`` (default the first cell) paired
+by seed, the comparison that the shared seeds make sharper.
 
 On a Ray cluster (started with launch/ray/start_head.sh and start_worker.sh, see launch/README.md):
 
@@ -95,7 +97,9 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
     return result.returncode
 
 
-def compare(out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: dict) -> list[Path]:
+def compare(
+    out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: dict, baseline: str | None = None
+) -> list[Path]:
     """The comparison of every planned run that has metrics; returns the files written."""
     from stapo.sweep.compare import write_comparison
     from stapo.sweep.runs import group_runs
@@ -109,7 +113,7 @@ def compare(out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: d
     if not loaded:
         return []
     groups = group_runs(loaded)
-    write_comparison(groups, out_dir, meta)
+    write_comparison(groups, out_dir, meta, baseline)
     written = [out_dir / "comparison.md", out_dir / "comparison.json"]
     try:
         from stapo.demo.plot import draw_groups
@@ -197,15 +201,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--poll", type=positive_float, default=10.0, metavar="S", help="ray: seconds between status polls (10)"
     )
     parser.add_argument("--group-by", metavar="CONFIG_KEY", help="group runs by this config key instead of the cell")
+    parser.add_argument(
+        "--baseline",
+        metavar="GROUP",
+        help="the group the paired differences are taken against, as named in the table (e.g. algo=grpo); "
+        "default: the first",
+    )
     parser.add_argument("--echo", action="store_true", help="local: print the trainer's whole output")
     parser.add_argument("overrides", nargs="*", help="after --: Hydra overrides common to every run")
     return parser
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     axes = [parse_axis(text) for text in args.grid]
     runs = plan(axes, parse_seeds(args.seeds), args.out)
+    cells = sorted({run.cell for run in runs})
+    if args.baseline is not None and args.group_by is None and args.baseline not in cells:
+        parser.error(f"--baseline must be one of the grid's cells {cells}, got {args.baseline!r}")
     common = list(args.overrides)
     meta = {"command": "stapo sweep " + shlex.join(argv), "grid": {a.key: list(a.values) for a in axes}}
     if args.dry_run:
@@ -214,7 +228,7 @@ def main(argv: list[str]) -> int:
             print(f"[{state}] python -m recipe.stapo.main_stapo {shlex.join(run.overrides(common))}")
         return 0
     failed = [] if args.compare_only else run_all(args, runs, common)
-    for path in compare(args.out, runs, args.group_by, meta):
+    for path in compare(args.out, runs, args.group_by, meta, args.baseline):
         print(f"[sweep] wrote {path}", flush=True)
     if (args.out / "comparison.md").exists():
         print((args.out / "comparison.md").read_text(encoding="utf-8"))

@@ -5,6 +5,12 @@ mask ratio and the wall time. Per group: the mean over seeds and its standard er
 deviation with ddof=1 over sqrt(n); undefined, written ``-`` / null, for a single seed). Groups are
 compared on the same quantities; the entropy trajectory is averaged step by step over the seeds that
 logged that step. Pure Python on the run folders' metrics (no verl, no torch).
+
+Runs of one seed share their data order and sampler seeds (docs/reproducibility.md), so two groups are
+also compared *paired*: per seed the difference of a quantity to the baseline group, then its mean and
+standard error over the seeds both ran. Common random numbers cancel the seed's own luck (which prompts
+came first, which samples were drawn), so the paired standard error is the one that says whether a
+difference is there; the unpaired ones of the first table overstate the uncertainty of a difference.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ MASK = "actor/stapo/mask_ratio"
 REWARD = ("critic/score/mean", "critic/rewards/mean")
 STEP_TIME = "timing_s/step"
 QUANTITIES = ("final_acc", "best_acc", "final_reward", "entropy_first", "entropy_last", "mask_ratio", "wall_s")
+PAIRED = ("final_acc", "best_acc", "final_reward", "entropy_last", "wall_s")
 
 
 def mean_se(values: list[float]) -> tuple[float | None, float | None, int]:
@@ -145,11 +152,67 @@ def markdown_table(groups: list[dict]) -> str:
     return "\n".join(rows) + "\n" + note
 
 
-def write_comparison(groups: dict[str, list[RunData]], out_dir: Path, meta: dict | None = None) -> dict:
-    """``comparison.md`` and ``comparison.json`` in ``out_dir``; returns the JSON document."""
+def paired_differences(summary: list[dict], baseline: str) -> list[dict]:
+    """Every other group minus ``baseline``, seed by seed: ``{group, seeds, diff: {quantity: mean/se/n}}``.
+
+    Only seeds both groups ran (with a finite value of that quantity) are paired; runs without a seed
+    (found outside a sweep) are never paired.
+    """
+    names = [group["group"] for group in summary]
+    if baseline not in names:
+        raise ValueError(f"--baseline must be one of the compared groups {names}, got {baseline!r}")
+    base = {run["seed"]: run for run in summary[names.index(baseline)]["runs"] if run["seed"] is not None}
+    out = []
+    for group in summary:
+        if group["group"] == baseline:
+            continue
+        pairs = [(run, base[run["seed"]]) for run in group["runs"] if run["seed"] in base]
+        diff = {}
+        for quantity in PAIRED:
+            deltas = [
+                run[quantity] - ref[quantity]
+                for run, ref in pairs
+                if run[quantity] is not None and ref[quantity] is not None
+            ]
+            mean, se, n = mean_se(deltas)
+            diff[quantity] = {"mean": mean, "se": se, "n": n}
+        out.append({"group": group["group"], "seeds": [run["seed"] for run, _ in pairs], "diff": diff})
+    return out
+
+
+def paired_table(differences: list[dict], baseline: str) -> str:
+    rows = [
+        f"\nPaired by seed: group minus `{baseline}` for the same seed, mean ± standard error over the seeds "
+        "both ran.\n",
+        "| group | seeds paired | Δ final held-out acc | Δ best held-out acc | Δ final train reward "
+        "| Δ last entropy | Δ wall time (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for group in differences:
+        d = group["diff"]
+        seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
+        rows.append(
+            f"| {group['group']} | {seeds} | {_cell(d['final_acc'], 3)} | {_cell(d['best_acc'], 3)} "
+            f"| {_cell(d['final_reward'], 3)} | {_cell(d['entropy_last'], 3)} | {_cell(d['wall_s'], 0)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def write_comparison(
+    groups: dict[str, list[RunData]], out_dir: Path, meta: dict | None = None, baseline: str | None = None
+) -> dict:
+    """``comparison.md`` and ``comparison.json`` in ``out_dir``; returns the JSON document.
+
+    With two or more groups the paired differences to ``baseline`` (default: the first group) follow.
+    """
     summary = [summarize_group(name, runs) for name, runs in groups.items()]
     document = {**(meta or {}), "acc_key": ACC, "groups": summary}
+    table = markdown_table(summary)
+    if len(summary) > 1:
+        baseline = summary[0]["group"] if baseline is None else baseline
+        document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}
+        table += paired_table(document["paired"]["groups"], baseline)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "comparison.md").write_text(markdown_table(summary), encoding="utf-8")
+    (out_dir / "comparison.md").write_text(table, encoding="utf-8")
     return document

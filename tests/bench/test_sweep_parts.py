@@ -181,6 +181,43 @@ def test_comparison_files(tmp_path):
     assert json.loads((tmp_path / "comparison.json").read_text()) == json.loads(json.dumps(document))
 
 
+
+def test_paired_differences_seed_by_seed(tmp_path):
+    """The paired table takes each seed's difference to the baseline's run of that seed, then mean and
+    SE over the seeds both ran: computed here seed by seed in a loop, against numpy's std."""
+    rng = np.random.default_rng()
+    acc = {name: {seed: float(rng.uniform(0.2, 0.6)) for seed in (1, 2, 3, 4)} for name in ("grpo", "stapo")}
+    del acc["grpo"][4]  # a seed the baseline lacks is not paired
+    runs = []
+    for name, by_seed in acc.items():
+        for seed, value in by_seed.items():
+            steps = {1: {"val/average/acc": value, "actor/entropy": 1.0 + value, "timing_s/step": 2.0 + seed}}
+            run_dir = write_metrics(tmp_path / f"{name}-seed{seed}", steps, record={"cell": name, "seed": seed})
+            runs.append(load_run(run_dir))
+    document = write_comparison(group_runs(runs), tmp_path / "out", baseline="grpo")
+    (stapo,) = document["paired"]["groups"]
+    deltas = [acc["stapo"][seed] - acc["grpo"][seed] for seed in (1, 2, 3)]
+    assert stapo["group"] == "stapo" and stapo["seeds"] == [1, 2, 3]
+    assert stapo["diff"]["final_acc"]["mean"] == pytest.approx(np.mean(deltas))
+    assert stapo["diff"]["final_acc"]["se"] == pytest.approx(np.std(deltas, ddof=1) / np.sqrt(3))
+    assert stapo["diff"]["entropy_last"]["mean"] == pytest.approx(np.mean(deltas))  # entropy = 1 + acc here
+    assert stapo["diff"]["wall_s"] == {"mean": pytest.approx(0.0), "se": pytest.approx(0.0), "n": 3}
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert "group minus `grpo`" in table and f"| stapo | 1,2,3 | {np.mean(deltas):.3f} ± " in table
+    # the default baseline is the first group; a name that is not a group is refused by name
+    assert write_comparison(group_runs(runs), tmp_path / "d")["paired"]["baseline"] == "grpo"
+    with pytest.raises(ValueError, match="--baseline must be one of"):
+        write_comparison(group_runs(runs), tmp_path / "e", baseline="algo=grpo")
+
+
+def test_an_unknown_baseline_is_refused_before_any_run(tmp_path, capsys):
+    from stapo.sweep.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--grid", "algo=stapo,grpo", "--out", str(tmp_path), "--baseline", "grpo", "--", "model_preset=tiny"])
+    assert "--baseline must be one of the grid's cells ['algo=grpo', 'algo=stapo']" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
 def test_names_and_seeds_of_folders():
     assert name_and_seed(Path("x/stapo-seed3")) == ("stapo", 3)
     assert name_and_seed(Path("runs/grpo/seed-2")) == ("grpo", 2)
