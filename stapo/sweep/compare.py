@@ -181,13 +181,15 @@ def paired_differences(summary: list[dict], baseline: str) -> list[dict]:
 
 
 def paired_table(differences: list[dict], baseline: str) -> str:
-    rows = [
+    intro = (
         f"\nPaired by seed: group minus `{baseline}` for the same seed, mean ± standard error over the seeds "
-        "both ran.\n",
+        "both ran.\n"
+    )
+    header = (
         "| group | seeds paired | Δ final held-out acc | Δ best held-out acc | Δ final train reward "
-        "| Δ last entropy | Δ wall time (s) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+        "| Δ last entropy | Δ wall time (s) |"
+    )
+    rows = [intro, header, "|---|---|---|---|---|---|---|"]
     for group in differences:
         d = group["diff"]
         seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"

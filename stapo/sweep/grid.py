@@ -108,12 +108,16 @@ def plan(axes: list[Axis], seeds: list[int], out_dir: Path) -> list[PlannedRun]:
     for key in SEED_KEYS:
         if key in keys:
             raise STAPOConfigError(f"--grid {key}: the seed keys come from --seeds")
-    runs = []
+    cells = []
     for combo in itertools.product(*(a.values for a in axes)) if axes else [()]:
         pairs = [(axis, value) for axis, value in zip(axes, combo, strict=True)]
         cell = ",".join(f"{_label(axis.key, axes)}={value}" for axis, value in pairs) or "base"
         overrides = tuple(f"{axis.key}={value}" for axis, value in pairs)
-        folder = _UNSAFE.sub("_", cell.replace(",", "__").replace("=", "-"))
-        for seed in seeds:
-            runs.append(PlannedRun(cell, overrides, seed, (out_dir / "runs" / folder / f"seed-{seed}").resolve()))
-    return runs
+        cells.append((cell, overrides, _UNSAFE.sub("_", cell.replace(",", "__").replace("=", "-"))))
+    # seed by seed: a sweep cut short (or the first --max-parallel jobs) holds every cell of the seeds it
+    # reached, so what it has is already a paired comparison
+    return [
+        PlannedRun(cell, overrides, seed, (out_dir / "runs" / folder / f"seed-{seed}").resolve())
+        for seed in seeds
+        for cell, overrides, folder in cells
+    ]

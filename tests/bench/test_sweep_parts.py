@@ -61,6 +61,9 @@ def test_plan_is_the_product_of_axes_and_seeds(tmp_path):
     assert len({run.run_dir for run in runs}) == len(runs)
     first = runs[0]
     assert first.cell == "algo=stapo,tau_p=1e-3" and first.seed == 1
+    # seed by seed, every cell of a seed before the next seed: a partial sweep stays paired
+    assert [run.seed for run in runs] == [1] * 4 + [2] * 4 + [3] * 4
+    assert [run.cell for run in runs[:4]] == [run.cell for run in runs[4:8]]
     assert first.run_dir == (tmp_path / "runs" / "algo-stapo__tau_p-1e-3" / "seed-1").resolve()
     overrides = first.overrides(["model_preset=tiny", "algo=grpo"])
     # the grid and the seed come after the common overrides, so they win
