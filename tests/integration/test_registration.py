@@ -33,6 +33,18 @@ def test_registered_after_plain_import_verl_in_a_fresh_process():
     assert "REGISTERED STAPOTrainer" in out.stdout
 
 
+@pytest.mark.parametrize("first", ["stapo.verl_plugin.driver_mask", "stapo.verl_plugin.losses"])
+def test_registered_whichever_glue_module_is_imported_first(first):
+    """A glue module imported before verl used to trigger the entry point while half-imported itself:
+    the trainer's import of it failed inside verl's plugin loader and trainer 'stapo' went missing."""
+    code = f"import {first}\n" + CHECK
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/", check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REGISTERED STAPOTrainer" in out.stdout
+
+
 def test_plugin_switched_off_is_reported_clearly():
     code = (
         "import verl\n"
