@@ -41,8 +41,9 @@ bench: setup
 	$(BIN)/python -m benchmarks.run --write
 
 # The first recorded comparison (results/README.md): STAPO, GRPO and 20-Entropy, 3 seeds each, on the
-# demo's model and task; 9 runs of 4 steps, one after another (18-19 min each alone: about 3 hours on 2 cores). Re-running
-# resumes: finished runs are skipped, an interrupted one restarts from its last checkpoint.
+# demo's model and task; 9 runs of 4 steps, one after another (18-19 min each alone: about 3 hours on
+# 2 cores). Re-running resumes: finished runs are skipped, an interrupted one restarts from its last
+# checkpoint.
 COMPARE_OUT ?= runs/compare-smollm2
 compare: setup
 	$(BIN)/stapo sweep --grid algo=stapo,grpo,entropy20 --seeds 1,2,3 --baseline algo=grpo --out $(COMPARE_OUT) -- \

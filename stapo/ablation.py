@@ -86,7 +86,8 @@ def token_sample(
     from stapo.spurious_log import spread_positions
 
     positions = spread_positions(response_mask, size)  # flat, row-major: read by index, not by a full mask
-    per_response = broadcast_advantages(advantages, log_prob).shape != advantages.shape  # checks the shape too
+    broadcast_advantages(advantages, log_prob)  # refuses a shape that is neither per token nor per response
+    per_response = advantages.shape != log_prob.shape
 
     def at(values: torch.Tensor, per_row: bool = False) -> torch.Tensor:
         return values[positions // response_mask.shape[-1]] if per_row else values.reshape(-1)[positions]

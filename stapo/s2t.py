@@ -90,6 +90,10 @@ def spurious_among(
     entropies are read once by index, and a non-finite one leaves the candidate set.
     """
     check_entropy_quantile(entropy_quantile)
+    if entropy.shape != candidates.shape:  # positions are read by flat index: a mismatch would read wrong tokens
+        raise ValueError(
+            f"entropy and candidates must share one shape, got {tuple(entropy.shape)} and {tuple(candidates.shape)}"
+        )
     with torch.no_grad():
         candidates = candidates.bool().contiguous()
         positions = candidates.view(-1).nonzero().squeeze(1)

@@ -370,8 +370,7 @@ def test_the_job_client_sends_the_token_where_submit_sh_would(tmp_path, monkeypa
     from stapo.sweep.ray_launcher import enable_token_auth
 
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
-        monkeypatch.setenv(key, "")  # recorded, so what enable_token_auth sets is undone after the test
-        monkeypatch.delenv(key)
+        monkeypatch.delenv(key, raising=False)  # what enable_token_auth sets is undone by tests/conftest.py
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("HOME", str(tmp_path))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stapo.quantile import linear_quantile
-from stapo.s2t import candidate_mask, detect_spurious, spurious_mask
+from stapo.s2t import candidate_mask, detect_spurious, spurious_among, spurious_mask
 from stapo.validation import STAPOConfigError
 from tests.reference import reference_candidates, reference_spurious
 
@@ -135,6 +135,10 @@ def test_bad_settings_name_the_setting_and_range(kwargs, name):
 def test_shape_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="share one shape"):
         spurious_mask(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3, dtype=torch.bool))
+    # the second half alone reads entropies by flat position: (3, 2) has as many values as (2, 3) but
+    # other tokens at them, so it must be refused, not read
+    with pytest.raises(ValueError, match="share one shape"):
+        spurious_among(torch.ones(2, 3, dtype=torch.bool), torch.zeros(3, 2), 0.75)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 100, 1001])
