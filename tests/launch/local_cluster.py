@@ -34,23 +34,40 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def free_ports(count: int, low: int = 30000, high: int = 60000) -> list[int]:
-    """``count`` distinct ports that are free now (random, so parallel sessions rarely collide)."""
+def free_ports(count: int, avoid: set[int] = frozenset(), low: int = 30000, high: int = 60000) -> list[int]:
+    """``count`` distinct ports that are free now and not in ``avoid`` (random, so parallel sessions rarely
+    collide)."""
     ports: list[int] = []
     while len(ports) < count:
         port = random.randint(low, high)
-        if port not in ports and _port_free(port):
+        if port not in ports and port not in avoid and _port_free(port):
             ports.append(port)
     return ports
 
 
-def free_range(size: int, low: int = 30000, high: int = 60000) -> tuple[int, int]:
-    """A block of ``size`` consecutive free ports (Ray's worker-port range for one node)."""
+def free_range(size: int, avoid: set[int] = frozenset(), low: int = 30000, high: int = 60000) -> range:
+    """A block of ``size`` consecutive free ports, none in ``avoid`` (Ray's worker-port range for one node)."""
     for _ in range(200):
         start = random.randint(low, high - size)
-        if all(_port_free(p) for p in range(start, start + size, 7)) and _port_free(start + size - 1):
-            return start, start + size - 1
+        block = range(start, start + size)
+        if avoid.isdisjoint(block) and all(_port_free(p) for p in block[::7]) and _port_free(block[-1]):
+            return block
     raise RuntimeError("no free port range")
+
+
+def port_plan(nodes: int, singles: int, range_size: int = 200) -> tuple[list[range], list[int]]:
+    """One worker-port range per node and ``singles`` other ports, all disjoint.
+
+    Ray refuses to start a node whose fixed ports fall inside its own worker-port range, and two nodes on
+    one host must not share worker ports; choosing each independently collided about once in a hundred
+    cluster starts (CI, stop 18: the worker's agent port landed in its worker range)."""
+    taken: set[int] = set()
+    ranges = []
+    for _ in range(nodes):
+        block = free_range(range_size, avoid=taken)
+        taken.update(block)
+        ranges.append(block)
+    return ranges, free_ports(singles, avoid=taken)
 
 
 @dataclass
@@ -143,7 +160,7 @@ def start_cluster(
 ) -> LocalCluster:
     """Head + one worker node on this machine, each with ``num_gpus`` logical GPU slots."""
     root.mkdir(parents=True, exist_ok=True)
-    gcs, dash, client, agent_h, agent_w = free_ports(5)
+    (head_range, worker_range), (gcs, dash, client, agent_h, agent_w) = port_plan(nodes=2, singles=5)
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     base.update(
         RAY_NODE_IP="127.0.0.1",  # Ray maps loopback to the host's own address; nothing leaves the machine
@@ -161,10 +178,10 @@ def start_cluster(
             base[key] = os.environ[key]
     cluster = LocalCluster(root=root, gcs_address="", dashboard_url=f"http://127.0.0.1:{dash}", env=base)
 
-    def launch(name: str, script: str, extra: dict[str, str]) -> NodeProc:
-        lo, hi = free_range(200)
+    def launch(name: str, script: str, ports: range, extra: dict[str, str]) -> NodeProc:
         env = dict(
-            base, RAY_TEMP_DIR=str(root / name), RAY_MIN_WORKER_PORT=str(lo), RAY_MAX_WORKER_PORT=str(hi), **extra
+            base, RAY_TEMP_DIR=str(root / name), RAY_MIN_WORKER_PORT=str(ports[0]),
+            RAY_MAX_WORKER_PORT=str(ports[-1]), **extra
         )
         log = root / f"{name}.log"
         with open(log, "w") as out:
@@ -184,12 +201,12 @@ def start_cluster(
             RAY_HEAD_PORT=str(gcs), RAY_DASHBOARD_PORT=str(dash), RAY_CLIENT_PORT=str(client),
             RAY_DASHBOARD_AGENT_LISTEN_PORT=str(agent_h),
         )
-        head = launch("head", "start_head.sh", head_ports)
+        head = launch("head", "start_head.sh", head_range, head_ports)
         _wait_for(lambda: started(head), timeout, "the head node", cluster)
         text = head.log.read_text()
         marker = "ray start --address='"
         cluster.gcs_address = text[text.index(marker) + len(marker):].split("'")[0]
-        worker = launch("worker", "start_worker.sh", dict(RAY_HEAD_ADDRESS=cluster.gcs_address,
+        worker = launch("worker", "start_worker.sh", worker_range, dict(RAY_HEAD_ADDRESS=cluster.gcs_address,
                                                           RAY_DASHBOARD_AGENT_LISTEN_PORT=str(agent_w)))
         _wait_for(lambda: started(worker), timeout, "the worker node", cluster)
     except BaseException:
