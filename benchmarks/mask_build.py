@@ -26,7 +26,7 @@ from benchmarks.common import Samples, fmt_bytes, fmt_num, md_row, measure_memor
 from stapo.ablation import threshold_grid
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask
 from stapo.s2t import detect_spurious
-from stapo.verl_plugin.driver_mask import fold_masks
+from stapo.verl_plugin.jagged import fold_masks
 
 TAU_P, Q = 0.002, 0.75
 LOW_PROB_SHARE = 3e-4  # tokens sampled below tau_p: gives a mask ratio near the paper's 1e-4

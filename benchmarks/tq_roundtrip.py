@@ -1,18 +1,24 @@
-"""The driver's whole STAPO round trip on a real TransferQueue holding a paper-size batch.
+"""Where a STAPO step's mask costs land at paper size: the actor workers' fold and the driver's round trip.
 
-``STAPOTrainer._compute_advantage`` calls ``DriverMask.round_trip`` (stapo/verl_plugin/driver_mask.py):
-one ``kv_batch_get`` of the fields the step needs (``extra_fields`` included), the S2T mask, the
-fold, one ``kv_batch_put`` of the two folded masks, the ablation grid, the token sample and the
-spurious-token log. This benchmark calls that same method, with every diagnostic on (the recipe's
-defaults: all of them every step), against TransferQueue 0.1.x as verl 0.9.1 starts it (``tq.init``
-on a local Ray, SimpleStorage, one storage unit as the CPU presets use), and reports each phase,
-the whole, and the driver's peak RSS above its level before the call.
+The mask is folded inside the actor workers (``stapo/verl_plugin/shard_mask.py``, ``fold_shard``), on
+the shard each DP rank already holds for its update (verl's dispatch fetches it from TransferQueue
+whatever the algorithm), so the mask adds no TransferQueue traffic: its cost per step is
+``fold_shard`` on one rank's shard, in parallel on every rank, plus two small collectives (the
+candidates' entropies and one vector of counts). The driver (``DriverMask.round_trip``) fetches the
+reward's ``extra_fields`` every step and the old-pass fields only on the steps that write the
+ablation grid, the token sample or the spurious-token log.
+
+This benchmark times, against TransferQueue 0.1.x as verl 0.9.1 starts it (``tq.init`` on a local
+Ray, SimpleStorage, one storage unit as the CPU presets use): the driver's round trip on a step
+without diagnostics and on a step with every diagnostic (the recipe's defaults), and ``fold_shard``
+on the shard of one rank for 1, 8 and 64 DP ranks (one process: the collectives are not timed; on
+GPUs they move about 1e-4 of the tokens). The driver's peak RSS above its level before the
+diagnostics call is reported.
 
 The batch is stored the way verl's v1 trainer leaves it after advantages: the agent loop puts each
 prompt group's jagged int64 ``responses``/``response_mask``/``loss_mask`` and its ``extra_fields``
 (reward info), the old-log-prob pass puts float32 ``old_log_probs``/``entropy``, the advantage step
 puts ``advantages``/``returns``. Values and lengths come from ``benchmarks.mask_build.paper_batch``.
-Between rounds the original masks are put back (outside the clock), so every round masks the same data.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from benchmarks.mask_build import TAU_P, Q, paper_batch
 
 GROUP = 8  # responses per prompt (the paper's rollout.n): the agent loop's puts come per prompt group
 PARTITION = "train"
-PHASES = ("get", "flatten", "mask", "log", "fold", "put", "ablation", "sample")
+PHASES = ("get", "flatten", "mask", "log", "ablation", "sample")
+DP_SIZES = (1, 8, 64)
+SHARD_FIELDS = ("response_mask", "loss_mask", "advantages", "old_log_probs", "entropy")
 
 
 class _IdsTokenizer:
@@ -95,11 +103,7 @@ def store_batch(tq, responses: int, max_len: int, distribution: str, seed: int =
     ):
         fields = {name: _nested([t[i, :n] for i, n in enumerate(lens)]) for name, t in zip(names, tensors)}
         tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=TensorDict(fields, batch_size=responses))
-    originals = TensorDict(
-        {"response_mask": _nested(masks), "loss_mask": _nested([m.clone() for m in masks])}, batch_size=responses
-    )
-    info = {"tokens": int(lengths.sum()), "mean_len": float(lengths.float().mean())}
-    return keys, {"originals": originals, **info}
+    return keys, {"tokens": int(lengths.sum()), "mean_len": float(lengths.float().mean())}
 
 
 def driver_mask(run_dir: Path):
@@ -126,6 +130,41 @@ def driver_mask(run_dir: Path):
     )
 
 
+def _quiet(mask):
+    """The same ``DriverMask`` on a step where no diagnostic is due."""
+    import dataclasses
+
+    return dataclasses.replace(
+        mask,
+        diagnostics=dataclasses.replace(mask.diagnostics, ablation_every=0, sample_every=10**9),
+        spurious_log=dataclasses.replace(mask.spurious_log, every=10**9),
+    )
+
+
+def _time_fold(tq, keys: list[str], settings, repeats: int) -> tuple[dict[int, float], int]:
+    """Median seconds of ``fold_shard`` on the first rank's shard for each DP size, and the loss tokens
+    it left at DP 1 (a check against the driver's mask count)."""
+    from tensordict import TensorDict
+
+    from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
+
+    medians, loss_tokens = {}, 0
+    for dp in DP_SIZES:
+        rows = keys[: -(-len(keys) // dp)]
+        shard = tq.kv_batch_get(keys=rows, partition_id=PARTITION, select_fields=list(SHARD_FIELDS))
+        times = []
+        for round_index in range(repeats + 1):  # round 0 warms up
+            data = TensorDict({name: shard[name] for name in SHARD_FIELDS}, batch_size=len(rows))
+            t0 = time.perf_counter()
+            metrics = fold_shard(data, settings)
+            if round_index:
+                times.append(time.perf_counter() - t0)
+        medians[dp] = statistics.median(times)
+        loss_tokens = loss_tokens or int(metrics[FOLDED_LOSS_TOKENS])
+        del shard, data
+    return medians, loss_tokens
+
+
 def run(responses: int, max_len: int, distributions=("realistic", "all_max"), repeats: int = 3) -> list[dict]:
     rows = []
     with transfer_queue() as tq, tempfile.TemporaryDirectory(prefix="stapo-tq-") as tmp:
@@ -134,9 +173,12 @@ def run(responses: int, max_len: int, distributions=("realistic", "all_max"), re
             keys, stored = store_batch(tq, responses, max_len, distribution)
             store_s = time.perf_counter() - started
             mask = driver_mask(Path(tmp) / distribution)
-            totals, phases, peaks, result = [], {p: [] for p in PHASES}, [], None
+            quiet = _quiet(mask)
+            totals, quiet_totals, phases, peaks, result = [], [], {p: [] for p in PHASES}, [], None
             for round_index in range(repeats + 1):  # round 0 warms up
-                tq.kv_batch_put(keys=keys, partition_id=PARTITION, fields=stored["originals"])
+                t0 = time.perf_counter()
+                quiet.round_trip(2, keys, PARTITION)
+                quiet_s = time.perf_counter() - t0
                 rss_peak_reset()
                 rss_before, _ = rss_kib()
                 t0 = time.perf_counter()
@@ -144,10 +186,12 @@ def run(responses: int, max_len: int, distributions=("realistic", "all_max"), re
                 total = time.perf_counter() - t0
                 _, hwm = rss_kib()
                 if round_index:
+                    quiet_totals.append(quiet_s)
                     totals.append(total)
                     peaks.append(1024 * (hwm - rss_before))
                     for phase in PHASES:
                         phases[phase].append(result.timings.get(phase, 0.0))
+            fold_s, loss_tokens = _time_fold(tq, keys, mask.settings, repeats)
             m = result.metrics
             rows.append(
                 {
@@ -157,14 +201,16 @@ def run(responses: int, max_len: int, distributions=("realistic", "all_max"), re
                     "max_len": max_len,
                     "tokens": stored["tokens"],
                     "mean_len": stored["mean_len"],
-                    "masked": int(m["actor/stapo/num_spurious"]),
-                    "loss_tokens": result.expected_loss_tokens,
+                    "masked": stored["tokens"] - loss_tokens,
+                    "loss_tokens": loss_tokens,
                     "acc_mean": m.get("reward/acc/mean"),
                     "store_s": store_s,
+                    "quiet_s": statistics.median(quiet_totals),
                     "total_s": statistics.median(totals),
                     "total_spread": (max(totals) - min(totals)) / statistics.median(totals),
                     "rss_peak_delta_bytes": max(peaks),
                     **{f"{p}_s": statistics.median(v) for p, v in phases.items()},
+                    **{f"fold_dp{dp}_s": value for dp, value in fold_s.items()},
                 }
             )
             tq.kv_clear(keys=keys, partition_id=PARTITION)
@@ -175,7 +221,7 @@ def run(responses: int, max_len: int, distributions=("realistic", "all_max"), re
 # ---------------------------------------------------------------- its section of BENCHMARKS.md
 
 NAME = "tq"
-TITLE = "2c. The driver's whole round trip: TransferQueue fetch, mask, diagnostics, fold, put"
+TITLE = "2c. The mask's cost per step: the workers' fold, the driver's round trip"
 SIZES = {
     "quick": {"responses": 64, "max_len": 1024, "repeats": 1},
     "full": {"responses": 2048, "max_len": 15360, "repeats": 3},
@@ -183,23 +229,29 @@ SIZES = {
 
 
 def measure(device, **size) -> list[dict]:
-    return run(**size)  # the driver is a CPU process, whatever the device
+    return run(**size)  # the driver and the fold's timing here are CPU processes, whatever the device
 
 
 def render(rows: list[dict]) -> str:
+    dp_columns = [f"fold, {dp} DP" for dp in DP_SIZES]
     lines = [
         (
-            "`DriverMask.round_trip` as the trainer calls it, every diagnostic on (ablation grid, 2,000-token "
-            "sample, 200-token spurious log). Phases (s): `get` one `kv_batch_get`; `flatten` the jagged "
-            "fields' flat values; `mask` build_token_mask with its metrics; `log` the spurious-token log; `fold` "
-            "the fold and jagged masks; `put` one `kv_batch_put` of the two masks; `ablation` the grid; "
-            "`sample` the token sample. RSS peak delta: the driver's VmHWM above its RSS before the call."
+            "Worker: `fold_shard` (mask, metrics, fold into `response_mask`/`loss_mask`) on one rank's shard "
+            "(1/DP of the responses) in seconds, in one process (the collectives, about 1e-4 of the tokens, "
+            "not timed); every rank does its own in parallel, before its update. Driver: `DriverMask.round_trip` "
+            "on a quiet step (the reward's `extra_fields` only) and on a step with every diagnostic (ablation "
+            "grid, 2,000-token sample, 200-token spurious log), whose phases (s) are: `get` one `kv_batch_get`; "
+            "`flatten` the jagged fields' flat values; `mask` the mask again for the sample and the log; `log` "
+            "the spurious-token log; `ablation` the grid; `sample` the token sample. Nothing is put back. RSS "
+            "peak delta: the driver's VmHWM above its RSS before the diagnostics call."
         ),
         "",
         "| lengths | responses x max | response tokens (mean) | masked | "
+        + " | ".join(dp_columns)
+        + " | driver, quiet step | "
         + " | ".join(PHASES)
-        + " | total s (spread) | RSS peak delta | store s (setup) |",
-        "|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|",
+        + " | driver, diagnostics step (spread) | RSS peak delta | store s (setup) |",
+        "|---|---|---|---|" + "---|" * len(dp_columns) + "---|" + "---|" * len(PHASES) + "---|---|---|",
     ]
     for r in rows:
         lines.append(
@@ -208,8 +260,10 @@ def render(rows: list[dict]) -> str:
                 f"{r['responses']} x {r['max_len']}",
                 f"{r['tokens']:,} ({r['mean_len']:.0f})",
                 f"{r['masked']:,}",
+                *(fmt_num(r[f"fold_dp{dp}_s"]) for dp in DP_SIZES),
+                f"**{fmt_num(r['quiet_s'])}**",
                 *(fmt_num(r[f"{p}_s"]) for p in PHASES),
-                f"**{fmt_num(r['total_s'])}** ({fmt_num(r['total_spread'])})",
+                f"{fmt_num(r['total_s'])} ({fmt_num(r['total_spread'])})",
                 fmt_bytes(r["rss_peak_delta_bytes"]),
                 fmt_num(r["store_s"], 1),
             )

@@ -26,7 +26,14 @@ import torch
 import torch.distributed as dist
 
 from stapo.gradnorm import grad_norm_sq_lower_bound
-from stapo.quantile import global_quantile, group_size, less_than, masked_quantiles
+from stapo.quantile import (
+    all_reduce_sum,
+    global_quantile,
+    group_masked_quantiles,
+    group_size,
+    less_than,
+    masked_quantiles,
+)
 from stapo.s2t import broadcast_advantages, spurious_among
 from stapo.validation import (
     ENTROPY20_TOP_FRACTION,
@@ -198,6 +205,20 @@ def finalize_metrics(spec: MaskSpec, counts: dict[str, float], stats: dict[str, 
     return metrics
 
 
+def group_totals(
+    spec: MaskSpec, counts: dict[str, float], group: dist.ProcessGroup | None, device: torch.device | str = "cpu"
+) -> dict[str, float]:
+    """The counts summed over every rank of ``group`` in one collective; the entry's ``scope_counts``
+    (already totals over the group, such as the candidates of the shared threshold) are taken as they
+    are. ``device`` is where the collective runs (a NCCL group cannot reduce a CPU tensor)."""
+    scope = set(spec.scope_counts)
+    names = sorted(name for name in counts if name not in scope)
+    local = torch.tensor([counts[name] for name in names], dtype=torch.float64, device=device)
+    totals = dict(zip(names, all_reduce_sum(local, group).tolist()))
+    totals.update({name: counts[name] for name in scope if name in counts})
+    return totals
+
+
 def count(mask: torch.Tensor) -> float:
     """Number of True values (``count_nonzero``: many times faster than ``sum`` on a CPU bool tensor)."""
     return float(torch.count_nonzero(mask))
@@ -236,9 +257,12 @@ def count_nonfinite(values: torch.Tensor, mask: torch.Tensor) -> float:
     return count(mask & ~torch.isfinite(values))
 
 
-def entropy_percentiles(entropy: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """p50/p80/p95 of the response tokens' finite entropies, exact, in one pass (``masked_quantiles``)."""
-    values = masked_quantiles(entropy, mask & torch.isfinite(entropy), ENTROPY_PERCENTILES)
+def entropy_percentiles(
+    entropy: torch.Tensor, mask: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> dict[str, float]:
+    """p50/p80/p95 of the response tokens' finite entropies over every rank of ``group``, in one pass
+    (``group_masked_quantiles``)."""
+    values = group_masked_quantiles(entropy, mask & torch.isfinite(entropy), ENTROPY_PERCENTILES, group)
     return {f"entropy_p{round(p * 100)}": value for p, value in zip(ENTROPY_PERCENTILES, values)}
 
 
@@ -275,7 +299,7 @@ def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     # tau_h is undefined and the split falls back to the median entropy of those tokens
     split = detection.tau_h
     if math.isnan(split):
-        (split,) = masked_quantiles(entropy, positive & torch.isfinite(entropy), (0.5,))
+        (split,) = group_masked_quantiles(entropy, positive & torch.isfinite(entropy), (0.5,), inputs.group)
     low_entropy = less_than(entropy, split)
     # the lower bound of each token's squared logit-gradient norm at rho = 1 (docs/algorithm.md 5):
     # the share of it that the silenced tokens carry is what S2T removes from the update
@@ -297,7 +321,11 @@ def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
         "quadrant/highp_lowh": num_positive_lowh - num_lowp_lowh,
         "quadrant/highp_highh": num_positive - num_low_prob - num_positive_lowh + num_lowp_lowh,
     }
-    stats = {"tau_h": detection.tau_h, "quadrant_entropy_split": split, **entropy_percentiles(entropy, mask)}
+    stats = {
+        "tau_h": detection.tau_h,
+        "quadrant_entropy_split": split,
+        **entropy_percentiles(entropy, mask, inputs.group),
+    }
     return TokenMask(spurious, spurious, counts, stats)
 
 
@@ -330,5 +358,5 @@ def entropy20_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     keep, threshold = high_entropy_keep(inputs.entropy, mask, settings.entropy_top_fraction, inputs.group)
     drop = mask & ~keep
     drop_count = drop if settings.entropy_denominator == "kept" else torch.zeros_like(drop)
-    stats = {"entropy_threshold": threshold, **entropy_percentiles(inputs.entropy, mask)}
+    stats = {"entropy_threshold": threshold, **entropy_percentiles(inputs.entropy, mask, inputs.group)}
     return TokenMask(drop, drop_count, {"num_kept": count(keep)}, stats)

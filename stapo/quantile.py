@@ -154,3 +154,28 @@ def all_reduce_sum(value: torch.Tensor, group: dist.ProcessGroup | None) -> torc
 def global_quantile(values: torch.Tensor, q: float, group: dist.ProcessGroup | None = None) -> float:
     """The q-quantile of the union of ``values`` over every rank of ``group`` (same on all ranks)."""
     return linear_quantile(gather_variable(values, group), q)
+
+
+def group_masked_quantiles(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    qs: tuple[float, ...],
+    group: dist.ProcessGroup | None = None,
+    max_exact: int = EXACT_LIMIT,
+) -> list[float]:
+    """:func:`masked_quantiles` over the union of every rank's ``values[mask]`` (same on all ranks).
+
+    Exact while the ranks together hold at most ``max_exact`` positions, so a batch split over DP ranks
+    gives the quantiles of the whole batch bit for bit; above that every rank takes the same evenly
+    strided sample of its own positions, at the stride the whole batch would take, so only about
+    ``max_exact`` values travel however large the batch. One process is :func:`masked_quantiles` itself.
+    """
+    if group_size(group) == 1:
+        return masked_quantiles(values, mask, qs, max_exact)
+    flat, flat_mask = values.reshape(-1), mask.reshape(-1).bool()
+    positions = all_reduce_sum(torch.tensor(flat.numel(), device=values.device), group)
+    if int(positions) > max_exact:
+        stride = -(-int(positions) // max_exact)
+        flat, flat_mask = flat[::stride], flat_mask[::stride]
+    union = torch.sort(gather_variable(flat[flat_mask], group).to(torch.float64)).values
+    return [quantile_of_sorted(union, q) for q in qs]

@@ -1,17 +1,18 @@
-"""The driver's part of a STAPO step, one TransferQueue round trip: fetch, build the mask, fold, put back.
+"""The driver's part of a STAPO step: the reward's extra metrics and, on the steps that write them,
+the diagnostics that need the whole batch. One TransferQueue ``kv_batch_get``, nothing put back.
 
-After verl's advantages the trainer (``STAPOTrainer._compute_advantage``) needs the whole batch's
-old-pass tensors once: :meth:`DriverMask.round_trip` fetches only the fields this step needs, in one
-``kv_batch_get`` (the reward's ``extra_fields`` included, for ``reward/<key>/mean``), builds the
-token mask (``stapo.masks``) on the jagged fields' flat values, folds it into ``response_mask`` and
-``loss_mask`` and puts back only those two fields, then adds the ablation grid and the token sample
-when they are due. The spurious-token log fetches the token ids of the few rows it names on its own.
-The trainer and ``benchmarks/tq_roundtrip.py`` (section 2c of BENCHMARKS.md) call this same code.
+The mask itself is folded inside the actor workers, on each DP rank's shard (``shard_mask``), so a
+step without diagnostics fetches only the reward's ``extra_fields`` (for ``reward/<key>/mean``). On
+the steps where the ablation grid, the token sample or the spurious-token log is due,
+:meth:`DriverMask.round_trip` fetches the old-pass fields those need and, for the sample and the log,
+builds the mask again from them with the same function as the workers (``stapo.masks``), which gives
+the same mask bit for bit (tests/integration/test_shard_mask.py). The spurious-token log fetches the
+token ids of the few rows it names on its own. The trainer and ``benchmarks/tq_roundtrip.py``
+(section 2c of BENCHMARKS.md) call this same code.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,28 +23,18 @@ import transfer_queue as tq
 from tensordict import TensorDict
 from torch.nn.utils.rnn import pad_sequence
 
-from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask, finalize_metrics
+from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask
 from stapo.spurious_log import append_jsonl, spread_positions, spurious_records, valid_lengths
-from stapo.verl_plugin.losses import METRIC_PREFIX
+from stapo.verl_plugin.jagged import flat_fields
 from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics, reward_extra_means
 
 REWARD_EXTRA_FIELD = "extra_fields"
 
 
-def fold_masks(
-    response_mask: torch.Tensor, loss_mask: torch.Tensor, drop_response: torch.Tensor, drop_loss: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero the dropped positions, keeping each mask's dtype (any layout, all four of one shape).
-
-    ``masked_fill``, not a product with the inverted mask: one pass, no full-batch temporary."""
-    return response_mask.masked_fill(drop_response, 0), loss_mask.masked_fill(drop_loss, 0)
-
-
 @dataclass(frozen=True)
 class StepPlan:
-    """What one step's round trip does: which fields it fetches and which outputs are due."""
+    """What one step's round trip does: which diagnostics are due and which fields they read."""
 
-    fold: bool
     ablation: bool
     sample: bool
     log_tokens: bool
@@ -51,17 +42,19 @@ class StepPlan:
 
     @property
     def active(self) -> bool:
-        return self.fold or self.ablation or self.sample
+        return self.ablation or self.sample or self.log_tokens
+
+    @property
+    def needs_mask(self) -> bool:
+        return self.sample or self.log_tokens
 
 
 @dataclass
 class RoundTripResult:
-    """The metrics to log, the folded masks' token count (None without folding), the batch meta after the put."""
+    """The metrics to log and the seconds per phase (``benchmarks/tq_roundtrip.py``)."""
 
     metrics: dict[str, float] = field(default_factory=dict)
-    expected_loss_tokens: float | None = None
-    batch: Any = None
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase (benchmarks/tq_roundtrip.py)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 class _Clock:
@@ -78,7 +71,7 @@ class _Clock:
 
 @dataclass
 class DriverMask:
-    """The driver-side mask of one run: its settings, its registry entry and the run-dir writers."""
+    """The driver-side diagnostics of one run: the mask's settings, its registry entry, the run-dir writers."""
 
     settings: MaskSettings
     spec: MaskSpec
@@ -91,19 +84,15 @@ class DriverMask:
         ablation = self.diagnostics.ablation_wanted(step)
         sample = self.diagnostics.sample_wanted(step)
         log_tokens = self.spurious_log.wants(step) and self.spec.name == "stapo" and self.settings.folded
-        old_pass = ablation or sample or self.spec.needs_log_prob
-        fields = ["response_mask", "loss_mask", "advantages"]
-        fields += ["entropy"] if old_pass or self.spec.needs_entropy else []
-        fields += ["old_log_probs"] if old_pass else []
+        fields = ("response_mask", "advantages", "entropy", "old_log_probs") if ablation or sample or log_tokens else ()
         # ``responses`` is not fetched here: the spurious log reads the token ids of at most
         # ``max_tokens`` rows, fetched on their own (``_log_tokens``), not 8 bytes of every token
-        return StepPlan(self.settings.folded, ablation, sample, log_tokens, tuple(fields))
+        return StepPlan(ablation, sample, log_tokens, fields)
 
     def round_trip(self, step: int, keys: list[str], partition_id: str, reward_extra: bool = True) -> RoundTripResult:
-        """One ``kv_batch_get`` (mask fields and, if asked, ``extra_fields``), the mask, one ``kv_batch_put``."""
+        """One ``kv_batch_get`` (the due diagnostics' fields and, if asked, ``extra_fields``), no put."""
         plan = self.plan(step)
-        fields = list(plan.fields) if plan.active else []
-        fields += [REWARD_EXTRA_FIELD] if reward_extra else []
+        fields = list(plan.fields) + ([REWARD_EXTRA_FIELD] if reward_extra else [])
         result = RoundTripResult()
         if not fields:
             return result
@@ -121,13 +110,10 @@ class DriverMask:
             )
             return list(rows_data["responses"].unbind())
 
-        folded = self.compute(step, plan, data, result, clock, fetch_responses)
-        if folded is not None:
-            result.batch = tq.kv_batch_put(keys=keys, partition_id=partition_id, fields=folded)
-            clock.lap("put")
+        self.diagnose(step, plan, data, result, clock, fetch_responses)
         return result
 
-    def compute(
+    def diagnose(
         self,
         step: int,
         plan: StepPlan,
@@ -135,50 +121,33 @@ class DriverMask:
         result: RoundTripResult,
         clock: _Clock,
         fetch_responses: Callable[[list[int]], list[torch.Tensor]] | None = None,
-    ) -> TensorDict | None:
-        """The mask, its metrics (into ``result``) and the folded masks (jagged, as fetched) from the fetched fields.
+    ) -> None:
+        """The due diagnostics from the fetched fields: grid metrics into ``result``, sample and log to the run dir.
 
-        Works on the jagged fields' flat values (views, no copy): every mask of the registry and every
-        diagnostic is token-wise or over the whole batch, and a padded copy would triple the work on a
-        long-CoT batch (mean length a third of the maximum). Row-major order is kept, so the token
-        sample and the spurious log pick the same tokens as from padded tensors. ``fetch_responses(rows)``
+        Works on the jagged fields' flat values (``jagged.flat_fields``), row-major, so the token sample
+        and the spurious log pick the same tokens as from padded tensors. ``fetch_responses(rows)``
         returns those rows' token ids (the spurious log's; needed only when ``plan.log_tokens``).
         """
         offsets, flat = flat_fields(data, plan.fields)
         response_mask = flat["response_mask"].bool()
-        log_prob, entropy = flat.get("old_log_probs"), flat.get("entropy")
-        log_prob = None if log_prob is None else log_prob.float()
-        entropy = None if entropy is None else entropy.float()
+        log_prob, entropy = flat["old_log_probs"].float(), flat["entropy"].float()
         advantages = flat["advantages"].float()
-        silenced, folded = None, None
         clock.lap("flatten")
-        if plan.fold:
+        silenced = torch.zeros_like(response_mask)
+        if plan.needs_mask and self.settings.folded:
+            # the mask the workers folded this step: same function, same inputs, same result
             built = build_token_mask(MaskInputs(response_mask, advantages, log_prob, entropy), self.settings)
             silenced = built.drop_response
-            counts = {**built.counts, "empty_responses": float(empty_rows(response_mask, offsets))}
-            step_metrics = finalize_metrics(self.spec, counts, built.stats)
-            result.metrics.update({METRIC_PREFIX + key: value for key, value in step_metrics.items()})
             clock.lap("mask")
-            if plan.log_tokens:
-                self._log_tokens(step, built.drop_response, offsets, flat, log_prob, entropy, fetch_responses)
-                clock.lap("log")
-            folded_response, folded_loss = fold_masks(
-                flat["response_mask"], flat["loss_mask"], built.drop_response, built.drop_count
-            )
-            folded = TensorDict(
-                {"response_mask": jagged(folded_response, offsets), "loss_mask": jagged(folded_loss, offsets)},
-                batch_size=data.batch_size,
-            )
-            result.expected_loss_tokens = float(torch.count_nonzero(folded_loss))
-            clock.lap("fold")
+        if plan.log_tokens:
+            self._log_tokens(step, silenced, offsets, flat, log_prob, entropy, fetch_responses)
+            clock.lap("log")
         if plan.ablation:
             result.metrics.update(self.diagnostics.ablation_metrics(log_prob, entropy, advantages, response_mask))
             clock.lap("ablation")
         if plan.sample:
-            silenced = torch.zeros_like(response_mask) if silenced is None else silenced
             self.diagnostics.write_sample(step, log_prob, entropy, advantages, response_mask, silenced)
             clock.lap("sample")
-        return folded
 
     def _log_tokens(self, step, spurious, offsets, flat, log_prob, entropy, fetch_responses) -> None:
         """``SpuriousTokenLog``'s records from the flat mask: the rows holding a kept token (at most
@@ -213,36 +182,3 @@ class DriverMask:
         for record in records:
             record["sample"] = int(picked[record["sample"]])
         append_jsonl(log.path, records)
-
-
-def flat_fields(data: TensorDict, names) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The response offsets (from 0) and each jagged field's flat values over exactly those rows."""
-    reference = data["response_mask"]
-    lengths = reference.offsets().diff()
-    flat = {}
-    for name in names:
-        nested = data[name]
-        if nested.lengths() is not None or not torch.equal(nested.offsets().diff(), lengths):
-            raise RuntimeError(
-                f"STAPO expects the response-only field {name!r} laid out as response_mask (same row lengths, "
-                "no holes, as verl 0.9.1's v1 agent loop and trainer store them); this verl version lays it "
-                "out differently"
-            )
-        start, end = int(nested.offsets()[0]), int(nested.offsets()[-1])
-        flat[name] = nested.values()[start:end]
-    offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
-    return offsets, flat
-
-
-def jagged(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """A jagged tensor over ``values`` (no copy), with the row-length bounds ``as_nested_tensor`` caches
-    (without them ``to_padded_tensor`` pads every row to the length of ``values``)."""
-    lengths = offsets.diff()
-    bounds = {"min_seqlen": int(lengths.min()), "max_seqlen": int(lengths.max())} if lengths.numel() else {}
-    return torch.nested.nested_tensor_from_jagged(values, offsets, **bounds)
-
-
-def empty_rows(response_mask: torch.Tensor, offsets: torch.Tensor) -> int:
-    """Rows without a response token (verl's padding samples, instant EOS), from the flat mask."""
-    bounds = offsets.tolist()
-    return sum(1 for a, b in itertools.pairwise(bounds) if not bool(response_mask[a:b].any()))

@@ -33,8 +33,7 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
 from stapo.loss import masked_pg_losses, nan_gradient_loss, nonfinite_report, outside_mask_zeroed
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask
-from stapo.quantile import all_reduce_sum
+from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask, group_totals
 
 logger = logging.getLogger(__name__)
 
@@ -149,13 +148,8 @@ def _in_loss_mask(settings: MaskSettings, log_prob, advantages, response_mask) -
     built = build_token_mask(
         MaskInputs(response_mask, advantages, log_prob.detach(), context.entropy, context.dp_group), settings
     )
-    # one collective for every count: DP-global totals of this micro-batch (those the entry already
-    # totals over the group, such as the candidates of the shared threshold, are taken as they are)
-    scope = set(get_token_mask(settings.token_mask).scope_counts)
-    names = sorted(name for name in built.counts if name not in scope)
-    local = torch.tensor([built.counts[name] for name in names], dtype=torch.float64, device=log_prob.device)
-    totals = dict(zip(names, all_reduce_sum(local, context.dp_group).tolist()))
-    totals.update({name: built.counts[name] for name in scope if name in built.counts})
+    # one collective for every count: DP-global totals of this micro-batch
+    totals = group_totals(get_token_mask(settings.token_mask), built.counts, context.dp_group, log_prob.device)
     context.report.update(totals)
     for name, value in built.stats.items():  # thresholds are DP-global already; a mean over micro-batches
         defined = value == value

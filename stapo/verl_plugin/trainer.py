@@ -1,12 +1,15 @@
-"""The STAPO trainer: verl's synchronous v1 trainer plus one step, token-mask folding after advantages.
+"""The STAPO trainer: verl's synchronous v1 trainer, its actor worker folding the token mask first.
 
 Data flow (one-way): rollout -> reward -> advantages (verl) -> old-policy log-probs and entropy
-(verl, already computed) -> the token mask named by ``policy_loss.token_mask`` over the whole batch
-(``stapo.masks``) -> folded into ``response_mask`` (the policy-gradient sum) and ``loss_mask`` (the
-token count) -> verl's actor update with the registered loss. Folding into ``loss_mask`` is what
-makes the renormalisation exact: verl's FSDP engine counts the mini-batch's tokens from
-``loss_mask`` (DP all-reduced) before any micro-batch runs (docs/algorithm.md section 3). After the
-update the trainer checks that verl's count equals the count the mask left.
+(verl, already computed) -> the actor update, whose worker (``actor_worker.STAPOActorWorker``) first
+builds the token mask named by ``policy_loss.token_mask`` on its shard of the batch, with the
+batch-wide threshold taken over every DP rank (``shard_mask``), and folds it into ``response_mask``
+(the policy-gradient sum) and ``loss_mask`` (the token count) -> verl's update with the registered
+loss. Folding into ``loss_mask`` is what makes the renormalisation exact: verl's FSDP engine counts
+the mini-batch's tokens from ``loss_mask`` (DP all-reduced) before any micro-batch runs
+(docs/algorithm.md section 3). After the update the trainer checks that verl's count equals the
+count the folded mask left. The driver fetches the full-batch tensors only on the steps that write
+diagnostics (``driver_mask``).
 
 Every algorithm of the recipe runs through this trainer and the same loss; they differ only in the
 token mask and their config.
@@ -17,11 +20,14 @@ from __future__ import annotations
 import logging
 import math
 
+import ray
+from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import finalize_metrics, get_token_mask
+from stapo.verl_plugin.actor_worker import WORKER_METRIC_PREFIX, STAPOActorWorker
 from stapo.verl_plugin.driver_mask import DriverMask
 from stapo.verl_plugin.losses import (
     DEFINED_SUFFIX,
@@ -33,10 +39,13 @@ from stapo.verl_plugin.losses import (
 )
 from stapo.verl_plugin.run_checks import validate_run_config
 from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics
+from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS
 
 logger = logging.getLogger(__name__)
 
 TRAINER_NAME = "stapo"
+# the roles verl 0.9.1 maps to ActorRolloutRefWorker for the actor (the reference has a role of its own)
+ACTOR_ROLES = (Role.Actor, Role.ActorRollout, Role.ActorRolloutRef)
 
 
 def in_loss_step_metrics(reduced: dict[str, float], updates_per_epoch: int) -> tuple[dict, dict]:
@@ -82,7 +91,14 @@ class STAPOTrainer(PPOTrainerSync):
         self._settings = mask_settings(omega_conf_to_dataclass(self.config.actor_rollout_ref.actor))
         self._mask = get_token_mask(self._settings.token_mask)
         self._driver_mask: DriverMask | None = None  # built in _setup, where verl loads the tokenizer
-        self._expected_loss_tokens: float | None = None
+
+    def _init_resource_pool_mgr(self):
+        """verl's roles and pools, with the actor's worker class swapped for the one that folds the mask
+        (as verl's separate-async trainer swaps in its own)."""
+        super()._init_resource_pool_mgr()
+        for role in ACTOR_ROLES:
+            if role in self.role_worker_mapping:
+                self.role_worker_mapping[role] = ray.remote(STAPOActorWorker)
 
     def _setup(self):
         super()._setup()
@@ -100,12 +116,10 @@ class STAPOTrainer(PPOTrainerSync):
         self.actor_rollout_wg.set_loss_fn(STAPOLossFn(actor_config))
 
     def _compute_advantage(self, batch, metrics: dict):
-        """verl's advantages, then the driver's one round trip: mask, fold, metrics (``driver_mask``)."""
+        """verl's advantages, then the driver's round trip: reward extras and the due diagnostics."""
         batch = super()._compute_advantage(batch, metrics)
-        result = self._driver_mask.round_trip(self.global_steps, batch.keys, batch.partition_id)
-        metrics.update(result.metrics)
-        self._expected_loss_tokens = result.expected_loss_tokens
-        return batch if result.batch is None else result.batch
+        metrics.update(self._driver_mask.round_trip(self.global_steps, batch.keys, batch.partition_id).metrics)
+        return batch
 
     def _update_actor(self, batch, metrics: dict):
         update_metrics: dict = {}
@@ -116,7 +130,12 @@ class STAPOTrainer(PPOTrainerSync):
         if loss_tokens is not None:
             loss_tokens = float(loss_tokens) * updates_per_epoch
             update_metrics[LOSS_TOKENS_METRIC] = loss_tokens
-            expected = self._expected_loss_tokens
+            expected = update_metrics.get("actor/" + WORKER_METRIC_PREFIX + FOLDED_LOSS_TOKENS)
+            if self._settings.folded and expected is None:
+                raise RuntimeError(
+                    f"the actor update reported no {FOLDED_LOSS_TOKENS}: the STAPO actor worker did not fold the "
+                    f"{self._mask.name} mask (was the actor role mapped to another worker class?)"
+                )
             if expected is not None and loss_tokens != expected:
                 raise RuntimeError(
                     f"verl's actor divided by {loss_tokens:.0f} tokens but the folded {self._mask.name} mask left "

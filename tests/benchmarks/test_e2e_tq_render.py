@@ -33,13 +33,16 @@ def test_tq_section_has_a_column_per_phase():
         "tokens": 20,
         "mean_len": 5.0,
         "masked": 1,
+        "quiet_s": 0.25,
         "total_s": 1.5,
         "total_spread": 0.1,
         "rss_peak_delta_bytes": 2**20,
         "store_s": 0.2,
         **{f"{p}_s": 0.1 for p in tq_roundtrip.PHASES},
+        **{f"fold_dp{dp}_s": 0.5 / dp for dp in tq_roundtrip.DP_SIZES},
     }
     body = tq_roundtrip.render([row])
     header, _, line = body.splitlines()[-3:]
     assert header.count("|") == line.count("|")
-    assert "**1.50**" in line and "1.00 MiB" in line
+    assert "**0.25**" in line and "1.50 (0.10)" in line and "1.00 MiB" in line
+    assert "| 0.50 | 0.06 | 0.01 |" in line

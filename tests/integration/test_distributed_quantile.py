@@ -2,8 +2,9 @@
 
 Each rank holds a different random shard (one rank with no candidate at all); for every entry of
 the token-mask registry, the mask every rank builds with ``group=WORLD`` must equal, shard for
-shard, the mask of the concatenated batch built in one process (and the loop reference), and
-tau_h / the 20-Entropy threshold must equal numpy's quantile over all ranks' tokens.
+shard, the mask of the concatenated batch built in one process (and the loop reference); every
+statistic (tau_h, the 20-Entropy threshold, the quadrant split, the entropy percentiles) must equal
+the loop reference's over all ranks' tokens, on every rank.
 """
 
 from __future__ import annotations
@@ -20,14 +21,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from stapo.masks import TOKEN_MASK_REGISTRY, MaskInputs, MaskSettings, build_token_mask, high_entropy_keep
-from stapo.quantile import global_quantile
+from stapo.quantile import global_quantile, group_masked_quantiles
 from stapo.s2t import detect_spurious
 from tests.reference import REFERENCES
 from tests.unit.test_s2t import random_batch
 
-# thresholds that are global over the group; the other statistics describe the rank's own tokens
-GLOBAL_STATS = {"stapo": ("tau_h",), "entropy20": ("entropy_threshold",)}
 GLOBAL_COUNTS = ("num_candidates",)
+QS = (0.0, 0.1, 0.5, 0.9, 1.0)
+SMALL_LIMIT = 37  # group_masked_quantiles' sample limit, far below the shards' positions
 
 
 def _free_port() -> int:
@@ -62,6 +63,7 @@ def _worker(rank: int, world: int, port: int, results) -> None:
             "num_candidates": detection.num_candidates,
             "keep": keep.tolist(),
             "q": global_quantile(values, 0.3, dist.group.WORLD),
+            "sampled": group_masked_quantiles(entropy, response_mask, QS, dist.group.WORLD, max_exact=SMALL_LIMIT),
             "masks": masks,
         }
     finally:
@@ -97,14 +99,19 @@ def test_global_threshold_equals_single_process(world):
         assert got["num_candidates"] == single.num_candidates
         assert got["spurious"] == single.spurious[offset : offset + rows].tolist()
         assert got["keep"] == single_keep[offset : offset + rows].tolist()
+        # above the limit every rank strides its own positions at the whole batch's stride
+        stride = -(-sum(s[1].numel() for s in shards) // SMALL_LIMIT)
+        picked = torch.cat([s[1].reshape(-1)[::stride][s[3].reshape(-1)[::stride].bool()] for s in shards])
+        assert got["sampled"] == [float(np.quantile(picked.double().numpy(), q)) for q in QS]
         expected_q = float(np.quantile(all_values.double().numpy(), 0.3)) if all_values.numel() else math.nan
         assert got["q"] == expected_q or (math.isnan(got["q"]) and math.isnan(expected_q))
         for name, (drop_response, drop_count, counts, stats) in got["masks"].items():
             want = single_masks[name]
             assert drop_response == want["drop_response"][offset : offset + rows], name
             assert drop_count == want["drop_count"][offset : offset + rows], name
-            for key in GLOBAL_STATS.get(name, ()):
-                assert stats[key] == want["stats"][key] or (math.isnan(stats[key]) and math.isnan(want["stats"][key]))
+            assert stats.keys() == want["stats"].keys(), name
+            for key, value in want["stats"].items():
+                assert stats[key] == value or (math.isnan(stats[key]) and math.isnan(value)), (name, rank, key)
             for key in GLOBAL_COUNTS:
                 if key in counts:
                     assert counts[key] == want["counts"][key], (name, key)

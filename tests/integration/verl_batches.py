@@ -18,7 +18,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import MaskInputs, MaskSettings, TokenMask, build_token_mask
 from stapo.verl_plugin.config import TARGET
-from stapo.verl_plugin.driver_mask import fold_masks
+from stapo.verl_plugin.jagged import fold_masks
 
 PL = "actor_rollout_ref.actor.policy_loss"
 
@@ -109,8 +109,8 @@ def make_micro_batch(
 def fold_as_trainer(
     tensors: dict[str, torch.Tensor], settings: MaskSettings
 ) -> tuple[torch.Tensor, torch.Tensor, TokenMask]:
-    """``source: old``: the mask over the whole batch from the old-policy pass, folded as the STAPO trainer
-    does (``STAPOTrainer._compute_advantage``). Returns padded ``(response_mask, loss_mask, built)``."""
+    """``source: old``: the mask over the whole batch from the old-policy pass, folded as the STAPO actor
+    worker does on one rank (``shard_mask.fold_shard``). Returns padded ``(response_mask, loss_mask, built)``."""
     mask = tensors["response_mask"].bool()
     built = build_token_mask(
         MaskInputs(mask, tensors["advantages"], tensors["old_log_prob"], tensors.get("entropy")), settings

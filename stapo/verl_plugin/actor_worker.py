@@ -1,0 +1,51 @@
+"""verl's actor worker with the token mask folded into its shard at the start of the update.
+
+The STAPO trainer maps the actor role to :class:`STAPOActorWorker` (``STAPOTrainer._init_resource_pool_mgr``,
+the way verl's own separate-async trainer swaps in its worker). Only ``update_actor`` differs:
+:func:`stapo.verl_plugin.shard_mask.fold_shard` runs on the shard verl fetched for this rank, then
+verl's update runs unchanged, and the mask's DP-global metrics join verl's as ``actor/stapo/*``.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
+from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.device import get_device_id, get_device_name
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from stapo.masks import MaskSettings
+from stapo.verl_plugin.losses import mask_settings
+from stapo.verl_plugin.shard_mask import fold_shard
+
+# verl prefixes the worker's metrics with "actor/": these arrive as actor/stapo/*
+WORKER_METRIC_PREFIX = "stapo/"
+
+
+def engine_device() -> torch.device:
+    """The device of this worker's engine (its DP group's collectives run there)."""
+    name = get_device_name()
+    return torch.device("cpu") if name == "cpu" else torch.device(name, get_device_id())
+
+
+class STAPOActorWorker(ActorRolloutRefWorker):
+    """``ActorRolloutRefWorker`` whose ``update_actor`` first folds the token mask into its shard."""
+
+    _mask_settings: MaskSettings | None = None
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor(self, data: TensorDict) -> TensorDict:
+        if self._mask_settings is None:
+            self._mask_settings = mask_settings(omega_conf_to_dataclass(self.config.actor))
+        metrics: dict[str, float] = {}
+        if self._mask_settings.folded:
+            group = self.actor.engine.get_data_parallel_group()
+            metrics = fold_shard(data, self._mask_settings, group, engine_device())
+        output = super().update_actor(data)  # verl's own: profiler, routing replay, train_mini_batch
+        if output is not None and metrics:
+            reported = dict(tu.get(output, "metrics"))
+            reported.update({WORKER_METRIC_PREFIX + key: value for key, value in metrics.items()})
+            tu.assign_non_tensor(output, metrics=reported)
+        return output

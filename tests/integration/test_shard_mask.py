@@ -1,0 +1,199 @@
+"""The mask folded inside the actor workers (``shard_mask.fold_shard``) against the whole batch in one process.
+
+Each rank of a real gloo group holds a contiguous shard of one batch, laid out as verl 0.9.1's v1
+trainer hands it to ``update_actor`` (jagged response-only fields, as fetched from TransferQueue).
+The reference is computed independently: the whole batch padded to ``(rows, max_len)``, the mask
+built in one process, folded by a product, the metrics from the padded tensors. Every rank's folded
+``response_mask``/``loss_mask`` must equal its rows of the reference bit for bit, and every rank must
+report the reference's metrics (the same on every rank), for 1, 2 and 3 ranks, for each folded mask.
+Edge cases: an instant EOS, a row without response token, a hole in a row, one rank without any
+candidate, a batch without any candidate (tau_h undefined).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tensordict import TensorDict
+
+from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
+from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
+
+# float sums (and their ratio) whose order of addition differs between the padded and the sharded layout
+FLOAT_SUMS = ("grad_bound_spurious", "grad_bound_positive", "grad_bound_share_spurious")
+SETTINGS = {
+    "stapo": MaskSettings(token_mask="stapo", tau_p=2e-3, entropy_quantile=0.8),
+    "entropy20-all": MaskSettings(token_mask="entropy20"),
+    "entropy20-kept": MaskSettings(token_mask="entropy20", entropy_denominator="kept"),
+}
+
+
+def _batch(rows: int, seed: int, candidates: bool = True) -> dict[str, list[torch.Tensor]]:
+    """Per-row tensors with low-probability tokens, an empty row, a row of zero mask and a hole in a row."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 120, (rows,), generator=g).tolist()
+    lengths[1] = 0  # an instant EOS
+    batch = {name: [] for name in ("response_mask", "old_log_probs", "entropy", "advantages")}
+    for row, n in enumerate(lengths):
+        mask = torch.ones(n, dtype=torch.int64)
+        if row == 2:
+            mask[:] = 0  # a row with no response token
+        if row == 3 and n > 20:
+            mask[10:20] = 0  # tool output inside a response
+        log_prob = -torch.empty(n).exponential_(3.0, generator=g)
+        low = torch.rand(n, generator=g) < 0.08
+        log_prob[low] = torch.empty(int(low.sum())).uniform_(math.log(1e-6), math.log(2e-3), generator=g)
+        advantage = float(torch.randn((), generator=g)) if row % 4 else 0.0
+        if not candidates:
+            advantage = -abs(advantage)
+        batch["response_mask"].append(mask)
+        batch["old_log_probs"].append(log_prob * mask)
+        batch["entropy"].append(torch.empty(n).exponential_(1.0, generator=g) * mask)
+        batch["advantages"].append(torch.full((n,), advantage) * mask)
+    return batch
+
+
+def _whole_batch(no_candidates_in) -> dict[str, list[torch.Tensor]]:
+    """Three parts of 9, 11 and 13 rows; part ``no_candidates_in`` (or every part: "all") has no candidate.
+    With 2 or 3 ranks each part falls mostly in one rank's shard."""
+    parts = [
+        _batch(9 + 2 * part, seed=40 + part, candidates=no_candidates_in not in (part, "all")) for part in range(3)
+    ]
+    return {name: [row for part in parts for row in part[name]] for name in parts[0]}
+
+
+def _bounds(rows: int, world: int) -> list[tuple[int, int]]:
+    """verl's dispatch: contiguous, nearly equal chunks in rank order."""
+    cuts = [round(rows * r / world) for r in range(world + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _nested(rows):
+    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+
+def _shard(batch, start: int, end: int) -> TensorDict:
+    fields = {name: _nested(values[start:end]) for name, values in batch.items()}
+    fields["loss_mask"] = _nested([m.clone() for m in batch["response_mask"][start:end]])
+    return TensorDict(fields, batch_size=end - start)
+
+
+def _padded(rows):
+    return _nested(rows).to_padded_tensor(padding=0)
+
+
+def _reference(batch, settings: MaskSettings):
+    """Folded masks (padded) and metrics of the whole batch in one process, from padded tensors."""
+    mask = _padded(batch["response_mask"])
+    inputs = MaskInputs(
+        mask.bool(), _padded(batch["advantages"]), _padded(batch["old_log_probs"]), _padded(batch["entropy"])
+    )
+    built = build_token_mask(inputs, settings)
+    folded_response = mask * (~built.drop_response).long()
+    folded_loss = mask * (~built.drop_count).long()
+    counts = {**built.counts, FOLDED_LOSS_TOKENS: float(folded_loss.sum())}
+    return folded_response, folded_loss, finalize_metrics(get_token_mask(settings.token_mask), counts, built.stats)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, no_candidates_in, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        batch = _whole_batch(no_candidates_in)
+        start, end = _bounds(len(batch["response_mask"]), world)[rank]
+        out = {}
+        for name, settings in SETTINGS.items():
+            data = _shard(batch, start, end)
+            metrics = fold_shard(data, settings, dist.group.WORLD)
+            out[name] = {
+                "response_mask": [t.tolist() for t in data["response_mask"].unbind()],
+                "loss_mask": [t.tolist() for t in data["loss_mask"].unbind()],
+                "dtype": str(data["loss_mask"].values().dtype),
+                "metrics": metrics,
+            }
+        results[rank] = out
+    finally:
+        dist.destroy_process_group()
+
+
+def _same(got: float, want: float, key: str) -> bool:
+    if key in FLOAT_SUMS:
+        return got == pytest.approx(want, rel=1e-6)
+    return got == want or (math.isnan(got) and math.isnan(want))
+
+
+@pytest.mark.parametrize(("world", "no_candidates_in"), [(1, None), (2, 2), (3, 0), (2, "all")])
+def test_every_rank_folds_its_rows_of_the_whole_batch_mask(world, no_candidates_in):
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.start_processes(
+        _worker, args=(world, _free_port(), no_candidates_in, results), nprocs=world, start_method="spawn"
+    )
+    batch = _whole_batch(no_candidates_in)
+    rows = len(batch["response_mask"])
+    for name, settings in SETTINGS.items():
+        folded_response, folded_loss, expected = _reference(batch, settings)
+        for rank, (start, end) in enumerate(_bounds(rows, world)):
+            got = results[rank][name]
+            for field, reference in (("response_mask", folded_response), ("loss_mask", folded_loss)):
+                lengths = [len(m) for m in batch["response_mask"][start:end]]
+                want = [reference[r, :n].tolist() for r, n in zip(range(start, end), lengths)]
+                assert got[field] == want, (name, rank, field)
+            assert got["dtype"] == "torch.int64"
+            assert got["metrics"].keys() == expected.keys(), name
+            for key, value in expected.items():
+                assert _same(got["metrics"][key], value, key), (name, rank, key, got["metrics"][key], value)
+        if name == "stapo":
+            has_candidates = no_candidates_in != "all"
+            assert (expected["num_spurious"] > 0) == has_candidates
+            assert math.isnan(expected["tau_h"]) != has_candidates
+        assert expected["empty_responses"] == 6.0  # rows 1 and 2 of each of the three parts
+
+
+def test_a_field_laid_out_differently_is_refused():
+    rows = [torch.ones(3, dtype=torch.int64), torch.ones(5, dtype=torch.int64)]
+    data = TensorDict(
+        {
+            "response_mask": _nested(rows),
+            "loss_mask": _nested(rows),
+            "advantages": _nested([torch.ones(4), torch.ones(4)]),  # same total, other row lengths
+            "old_log_probs": _nested([torch.zeros(3), torch.zeros(5)]),
+            "entropy": _nested([torch.zeros(3), torch.zeros(5)]),
+        },
+        batch_size=2,
+    )
+    with pytest.raises(RuntimeError, match="'advantages' laid out as response_mask"):
+        fold_shard(data, SETTINGS["stapo"])
+
+
+def test_a_missing_old_pass_field_is_named():
+    rows = [torch.ones(3, dtype=torch.int64)]
+    data = TensorDict(
+        {"response_mask": _nested(rows), "loss_mask": _nested(rows), "advantages": _nested([torch.ones(3)])},
+        batch_size=1,
+    )
+    with pytest.raises(RuntimeError, match=r"reads \['old_log_probs', 'entropy'\].*calculate_entropy=true"):
+        fold_shard(data, SETTINGS["stapo"])
+
+
+def test_folded_masks_are_jagged_like_verls():
+    """The folded masks pad as verl's ``as_nested_tensor`` masks do (row-length bounds cached)."""
+    batch = _batch(rows=12, seed=5)
+    data = _shard(batch, 0, 12)
+    fold_shard(data, SETTINGS["stapo"])
+    reference, *_ = _reference(batch, SETTINGS["stapo"])
+    for name in ("response_mask", "loss_mask"):
+        assert torch.equal(data[name].to_padded_tensor(padding=0), reference), name
+        assert torch.equal(data[name].offsets(), _nested(batch["response_mask"]).offsets())
