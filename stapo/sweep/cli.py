@@ -97,10 +97,16 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
     return result.returncode
 
 
+class UnknownBaseline(Exception):
+    """``--baseline`` names none of the groups the runs formed (only knowable after them with ``--group-by``)."""
+
+
 def compare(
     out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: dict, baseline: str | None = None
 ) -> list[Path]:
-    """The comparison of every planned run that has metrics; returns the files written."""
+    """The comparison of every planned run that has metrics; returns the files written.
+
+    Raises :class:`UnknownBaseline` after writing the comparison without its paired table."""
     from stapo.sweep.compare import write_comparison
     from stapo.sweep.runs import group_runs
 
@@ -113,6 +119,12 @@ def compare(
     if not loaded:
         return []
     groups = group_runs(loaded)
+    if baseline is not None and baseline not in groups:
+        write_comparison(groups, out_dir, meta, paired=False)  # the runs are kept, the table is written
+        raise UnknownBaseline(
+            f"--baseline {baseline!r} is none of the compared groups {sorted(groups)}: {out_dir / 'comparison.md'} "
+            "has no paired table; rerun with --compare-only --baseline <one of them>"
+        )
     write_comparison(groups, out_dir, meta, baseline)
     written = [out_dir / "comparison.md", out_dir / "comparison.json"]
     try:
@@ -220,6 +232,14 @@ def main(argv: list[str]) -> int:
     cells = sorted({run.cell for run in runs})
     if args.baseline is not None and args.group_by is None and args.baseline not in cells:
         parser.error(f"--baseline must be one of the grid's cells {cells}, got {args.baseline!r}")
+    if args.baseline is not None and args.group_by is not None:
+        # groups are named <last part of the key>=<value>; the values are only known from the runs' configs
+        prefix = args.group_by.rsplit(".", 1)[-1] + "="
+        if not args.baseline.startswith(prefix) or args.baseline == prefix:
+            parser.error(
+                f"with --group-by {args.group_by} the groups are named {prefix}<value>, so --baseline must be "
+                f"{prefix}<one of its values>, got {args.baseline!r}"
+            )
     common = list(args.overrides)
     meta = {"command": "stapo sweep " + shlex.join(argv), "grid": {a.key: list(a.values) for a in axes}}
     if args.dry_run:
@@ -228,7 +248,12 @@ def main(argv: list[str]) -> int:
             print(f"[{state}] python -m recipe.stapo.main_stapo {shlex.join(run.overrides(common))}")
         return 0
     failed = [] if args.compare_only else run_all(args, runs, common)
-    for path in compare(args.out, runs, args.group_by, meta, args.baseline):
+    try:
+        written = compare(args.out, runs, args.group_by, meta, args.baseline)
+    except UnknownBaseline as error:
+        print(f"[sweep] error: {error}", flush=True)
+        return 2
+    for path in written:
         print(f"[sweep] wrote {path}", flush=True)
     if (args.out / "comparison.md").exists():
         print((args.out / "comparison.md").read_text(encoding="utf-8"))

@@ -201,16 +201,21 @@ def paired_table(differences: list[dict], baseline: str) -> str:
 
 
 def write_comparison(
-    groups: dict[str, list[RunData]], out_dir: Path, meta: dict | None = None, baseline: str | None = None
+    groups: dict[str, list[RunData]],
+    out_dir: Path,
+    meta: dict | None = None,
+    baseline: str | None = None,
+    paired: bool = True,
 ) -> dict:
     """``comparison.md`` and ``comparison.json`` in ``out_dir``; returns the JSON document.
 
-    With two or more groups the paired differences to ``baseline`` (default: the first group) follow.
+    With two or more groups (and ``paired``) the paired differences to ``baseline`` (default: the
+    first group) follow.
     """
     summary = [summarize_group(name, runs) for name, runs in groups.items()]
     document = {**(meta or {}), "acc_key": ACC, "groups": summary}
     table = markdown_table(summary)
-    if len(summary) > 1:
+    if paired and len(summary) > 1:
         baseline = summary[0]["group"] if baseline is None else baseline
         document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}
         table += paired_table(document["paired"]["groups"], baseline)

@@ -221,6 +221,41 @@ def test_an_unknown_baseline_is_refused_before_any_run(tmp_path, capsys):
     assert "--baseline must be one of the grid's cells ['algo=grpo', 'algo=stapo']" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
+
+def test_a_baseline_unlike_the_group_by_names_is_refused_before_any_run(tmp_path, capsys):
+    from stapo.sweep.cli import main
+
+    key = "actor_rollout_ref.actor.policy_loss.token_mask"
+    with pytest.raises(SystemExit):
+        main(["--grid", "algo=stapo,grpo", "--out", str(tmp_path), "--group-by", key, "--baseline", "algo=grpo"])
+    assert "groups are named token_mask=<value>, so --baseline must be" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_baseline_no_group_has_keeps_the_runs_and_exits_non_zero(tmp_path, capsys):
+    """With --group-by the group names are known only from the runs' configs: a value no run has is
+    reported after them, the comparison is written without its paired table, the runs are kept."""
+    from stapo.sweep.cli import main
+    from stapo.sweep.grid import parse_axis, plan
+
+    runs = plan([parse_axis("algo=stapo,grpo")], [1], tmp_path)
+    for run in runs:
+        write_metrics(run.run_dir, {1: {"val/average/acc": 0.5}}, record={"cell": run.cell, "seed": run.seed})
+        mask = "stapo" if "stapo" in run.cell else "none"
+        (run.run_dir / "config.yaml").write_text(
+            f"actor_rollout_ref:\n  actor:\n    policy_loss:\n      token_mask: {mask}\n", encoding="utf-8"
+        )
+    argv = ["--grid", "algo=stapo,grpo", "--out", str(tmp_path), "--compare-only"]
+    argv += ["--group-by", "actor_rollout_ref.actor.policy_loss.token_mask", "--baseline", "token_mask=entropy20"]
+    assert main(argv) == 2
+    out = capsys.readouterr().out
+    assert "none of the compared groups ['token_mask=none', 'token_mask=stapo']" in out
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| token_mask=stapo |" in table and "Paired by seed" not in table
+    assert all(run.run_dir.is_dir() for run in runs)
+    argv[-1] = "token_mask=none"
+    assert main(argv) == 0 and "group minus `token_mask=none`" in (tmp_path / "comparison.md").read_text()
+
 def test_names_and_seeds_of_folders():
     assert name_and_seed(Path("x/stapo-seed3")) == ("stapo", 3)
     assert name_and_seed(Path("runs/grpo/seed-2")) == ("grpo", 2)
