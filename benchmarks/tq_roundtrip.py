@@ -4,7 +4,7 @@ The mask is folded inside the actor workers (``stapo/verl_plugin/shard_mask.py``
 the shard each DP rank already holds for its update (verl's dispatch fetches it from TransferQueue
 whatever the algorithm), so the mask adds no TransferQueue traffic: its cost per step is
 ``fold_shard`` on one rank's shard, in parallel on every rank, plus two small collectives (the
-candidates' entropies and one vector of counts). The driver (``DriverMask.round_trip``) fetches the
+candidates' entropies and one vector of counts). The driver (``DriverDiagnostics.round_trip``) fetches the
 reward's ``extra_fields`` every step and the old-pass fields only on the steps that write the
 ablation grid, the token sample or the spurious-token log.
 
@@ -106,10 +106,10 @@ def store_batch(tq, responses: int, max_len: int, distribution: str, seed: int =
     return keys, {"tokens": int(lengths.sum()), "mean_len": float(lengths.float().mean())}
 
 
-def driver_mask(run_dir: Path):
-    """The trainer's ``DriverMask`` with the recipe's default diagnostics, writing into ``run_dir``."""
+def driver_diagnostics(run_dir: Path):
+    """The trainer's ``DriverDiagnostics`` with the recipe's default diagnostics, writing into ``run_dir``."""
     from stapo.masks import MaskSettings, get_token_mask
-    from stapo.verl_plugin.driver_mask import DriverMask
+    from stapo.verl_plugin.driver_diagnostics import DriverDiagnostics
     from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics
 
     stapo_config = {
@@ -120,7 +120,7 @@ def driver_mask(run_dir: Path):
     }
     settings = MaskSettings(token_mask="stapo", tau_p=TAU_P, entropy_quantile=Q)
     tokenizer = _IdsTokenizer()
-    return DriverMask(
+    return DriverDiagnostics(
         settings,
         get_token_mask("stapo"),
         StepDiagnostics.from_config(stapo_config),
@@ -130,14 +130,14 @@ def driver_mask(run_dir: Path):
     )
 
 
-def _quiet(mask):
-    """The same ``DriverMask`` on a step where no diagnostic is due."""
+def quiet(driver):
+    """The same ``DriverDiagnostics`` on a step where no diagnostic is due."""
     import dataclasses
 
     return dataclasses.replace(
-        mask,
-        diagnostics=dataclasses.replace(mask.diagnostics, ablation_every=0, sample_every=10**9),
-        spurious_log=dataclasses.replace(mask.spurious_log, every=10**9),
+        driver,
+        diagnostics=dataclasses.replace(driver.diagnostics, ablation_every=0, sample_every=10**9),
+        spurious_log=dataclasses.replace(driver.spurious_log, every=10**9),
     )
 
 
@@ -172,17 +172,17 @@ def run(responses: int, max_len: int, distributions=("realistic", "all_max"), re
             started = time.perf_counter()
             keys, stored = store_batch(tq, responses, max_len, distribution)
             store_s = time.perf_counter() - started
-            mask = driver_mask(Path(tmp) / distribution)
-            quiet = _quiet(mask)
+            driver = driver_diagnostics(Path(tmp) / distribution)
+            quiet_driver = quiet(driver)
             totals, quiet_totals, phases, peaks, result = [], [], {p: [] for p in PHASES}, [], None
             for round_index in range(repeats + 1):  # round 0 warms up
                 t0 = time.perf_counter()
-                quiet.round_trip(2, keys, PARTITION)
+                quiet_driver.round_trip(2, keys, PARTITION)
                 quiet_s = time.perf_counter() - t0
                 rss_peak_reset()
                 rss_before, _ = rss_kib()
                 t0 = time.perf_counter()
-                result = mask.round_trip(1, keys, PARTITION)
+                result = driver.round_trip(1, keys, PARTITION)
                 total = time.perf_counter() - t0
                 _, hwm = rss_kib()
                 if round_index:
@@ -191,7 +191,7 @@ def run(responses: int, max_len: int, distributions=("realistic", "all_max"), re
                     peaks.append(1024 * (hwm - rss_before))
                     for phase in PHASES:
                         phases[phase].append(result.timings.get(phase, 0.0))
-            fold_s, loss_tokens = _time_fold(tq, keys, mask.settings, repeats)
+            fold_s, loss_tokens = _time_fold(tq, keys, driver.settings, repeats)
             m = result.metrics
             rows.append(
                 {
@@ -237,13 +237,13 @@ def render(rows: list[dict]) -> str:
     lines = [
         (
             "Worker: `fold_shard` (mask, metrics, fold into `response_mask`/`loss_mask`) on one rank's shard "
-            "(1/DP of the responses) in seconds, in one process (the collectives, about 1e-4 of the tokens, "
-            "not timed); every rank does its own in parallel, before its update. Driver: `DriverMask.round_trip` "
-            "on a quiet step (the reward's `extra_fields` only) and on a step with every diagnostic (ablation "
-            "grid, 2,000-token sample, 200-token spurious log), whose phases (s) are: `get` one `kv_batch_get`; "
-            "`flatten` the jagged fields' flat values; `mask` the mask again for the sample and the log; `log` "
-            "the spurious-token log; `ablation` the grid; `sample` the token sample. Nothing is put back. RSS "
-            "peak delta: the driver's VmHWM above its RSS before the diagnostics call."
+            "(1/DP of the responses) in seconds, in one process (the collectives, about 1e-4 of the tokens, not "
+            "timed); every rank does its own in parallel, before its update. Driver: "
+            "`DriverDiagnostics.round_trip` on a quiet step (the reward's `extra_fields` only) and on a step with"
+            " every diagnostic (ablation grid, 2,000-token sample, 200-token spurious log), whose phases (s) are:"
+            " `get` one `kv_batch_get`; `flatten` the jagged fields' flat values; `mask` the mask again for the "
+            "sample and the log; `log` the spurious-token log; `ablation` the grid; `sample` the token sample. "
+            "Nothing is put back. RSS peak delta: the driver's VmHWM above its RSS before the diagnostics call."
         ),
         "",
         "| lengths | responses x max | response tokens (mean) | masked | "

@@ -93,7 +93,7 @@ class MaskSettings:
 
     @property
     def folded(self) -> bool:
-        """Whether the trainer folds this mask into the loss mask before the update (``source: old``)."""
+        """Whether the actor workers fold this mask into the loss mask before the update (``source: old``)."""
         return self.token_mask != "none" and self.source == "old"
 
     @property

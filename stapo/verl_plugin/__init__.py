@@ -2,7 +2,7 @@
 
 verl is imported before any module of this package: ``import verl`` runs the ``verl.plugins`` entry
 point (``stapo.verl_plugin.entry`` -> ``registration.register_all``), which imports the losses and the
-trainer. Had a module of this package been first (``driver_mask`` -> ``losses`` -> ``import verl``), the
+trainer. Had a module of this package been first (``driver_diagnostics`` -> ``losses`` -> ``import verl``), the
 entry point would run while that module is half-imported; the trainer's import of it then fails, verl
 swallows the error, and trainer ``stapo`` is silently missing from the process.
 """

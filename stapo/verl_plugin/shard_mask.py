@@ -10,7 +10,7 @@ tokens from the folded ``loss_mask``, DP all-reduced, so the renormalisation sta
 mask equals the one the whole batch would give in one process, bit for bit.
 
 The driver never touches the full-batch tensors for the mask (it fetches them only on the steps
-that write diagnostics: ``driver_mask``).
+that write diagnostics: ``driver_diagnostics``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ loss. Folding into ``loss_mask`` is what makes the renormalisation exact: verl's
 the mini-batch's tokens from ``loss_mask`` (DP all-reduced) before any micro-batch runs
 (docs/algorithm.md section 3). After the update the trainer checks that verl's count equals the
 count the folded mask left. The driver fetches the full-batch tensors only on the steps that write
-diagnostics (``driver_mask``).
+diagnostics (``driver_diagnostics``).
 
 Every algorithm of the recipe runs through this trainer and the same loss; they differ only in the
 token mask and their config.
@@ -28,7 +28,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import finalize_metrics, get_token_mask
 from stapo.verl_plugin.actor_worker import WORKER_METRIC_PREFIX, STAPOActorWorker
-from stapo.verl_plugin.driver_mask import DriverMask
+from stapo.verl_plugin.driver_diagnostics import DriverDiagnostics
 from stapo.verl_plugin.losses import (
     DEFINED_SUFFIX,
     IN_LOSS_PREFIX,
@@ -90,7 +90,7 @@ class STAPOTrainer(PPOTrainerSync):
         # typed, with the dataclass defaults for keys the yaml leaves out
         self._settings = mask_settings(omega_conf_to_dataclass(self.config.actor_rollout_ref.actor))
         self._mask = get_token_mask(self._settings.token_mask)
-        self._driver_mask: DriverMask | None = None  # built in _setup, where verl loads the tokenizer
+        self._driver_diagnostics: DriverDiagnostics | None = None  # built in _setup, where verl loads the tokenizer
 
     def _init_resource_pool_mgr(self):
         """verl's roles and pools, with the actor's worker class swapped for the one that folds the mask
@@ -103,7 +103,7 @@ class STAPOTrainer(PPOTrainerSync):
     def _setup(self):
         super()._setup()
         stapo_config = self.config.get("stapo", {})
-        self._driver_mask = DriverMask(
+        self._driver_diagnostics = DriverDiagnostics(
             self._settings,
             self._mask,
             StepDiagnostics.from_config(stapo_config),
@@ -118,7 +118,7 @@ class STAPOTrainer(PPOTrainerSync):
     def _compute_advantage(self, batch, metrics: dict):
         """verl's advantages, then the driver's round trip: reward extras and the due diagnostics."""
         batch = super()._compute_advantage(batch, metrics)
-        metrics.update(self._driver_mask.round_trip(self.global_steps, batch.keys, batch.partition_id).metrics)
+        metrics.update(self._driver_diagnostics.round_trip(self.global_steps, batch.keys, batch.partition_id).metrics)
         return batch
 
     def _update_actor(self, batch, metrics: dict):

@@ -33,7 +33,7 @@ def test_registered_after_plain_import_verl_in_a_fresh_process():
     assert "REGISTERED STAPOTrainer" in out.stdout
 
 
-@pytest.mark.parametrize("first", ["driver_mask", "losses", "shard_mask", "actor_worker"])
+@pytest.mark.parametrize("first", ["driver_diagnostics", "losses", "shard_mask", "actor_worker"])
 def test_registered_whichever_glue_module_is_imported_first(first):
     """A glue module imported before verl used to trigger the entry point while half-imported itself:
     the trainer's import of it failed inside verl's plugin loader and trainer 'stapo' went missing."""

@@ -4,11 +4,11 @@ the diagnostics that need the whole batch. One TransferQueue ``kv_batch_get``, n
 The mask itself is folded inside the actor workers, on each DP rank's shard (``shard_mask``), so a
 step without diagnostics fetches only the reward's ``extra_fields`` (for ``reward/<key>/mean``). On
 the steps where the ablation grid, the token sample or the spurious-token log is due,
-:meth:`DriverMask.round_trip` fetches the old-pass fields those need and, for the sample and the log,
-builds the mask again from them with the same function as the workers (``stapo.masks``), which gives
-the same mask bit for bit (tests/integration/test_shard_mask.py). The spurious-token log fetches the
-token ids of the few rows it names on its own. The trainer and ``benchmarks/tq_roundtrip.py``
-(section 2c of BENCHMARKS.md) call this same code.
+:meth:`DriverDiagnostics.round_trip` fetches the old-pass fields those need and, for the sample
+and the log, builds the mask again from them with the same function as the workers
+(``stapo.masks``), which gives the same mask bit for bit (tests/integration/test_shard_mask.py).
+The spurious-token log fetches the token ids of the few rows it names on its own. The trainer and
+``benchmarks/tq_roundtrip.py`` (section 2c of BENCHMARKS.md) call this same code.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class _Clock:
 
 
 @dataclass
-class DriverMask:
+class DriverDiagnostics:
     """The driver-side diagnostics of one run: the mask's settings, its registry entry, the run-dir writers."""
 
     settings: MaskSettings

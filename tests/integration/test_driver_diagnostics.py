@@ -1,4 +1,4 @@
-"""The driver's round trip (``DriverMask.round_trip``) against a real TransferQueue on a local Ray.
+"""The driver's round trip (``DriverDiagnostics.round_trip``) against a real TransferQueue on a local Ray.
 
 The batch is stored as verl 0.9.1's v1 trainer leaves it (jagged response-only fields, reward info
 in ``extra_fields``). The reference is computed independently: every field padded to
@@ -11,7 +11,6 @@ on the shared machine.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -19,7 +18,7 @@ import pytest
 import torch
 from tensordict import NonTensorStack, TensorDict
 
-from benchmarks.tq_roundtrip import PARTITION, driver_mask, transfer_queue
+from benchmarks.tq_roundtrip import PARTITION, driver_diagnostics, quiet, transfer_queue
 from stapo.ablation import threshold_grid, token_sample
 from stapo.masks import MaskInputs, build_token_mask
 from stapo.verl_plugin.run_log import SpuriousTokenLog
@@ -88,16 +87,16 @@ def _spy(tq, monkeypatch) -> list[dict]:
 def test_round_trip_equals_the_padded_reference(tmp_path, monkeypatch):
     batch = _batch()
     keys = [f"k{i}" for i in range(len(batch["responses"]))]
-    mask = driver_mask(tmp_path / "flat")
-    ref_mask = driver_mask(tmp_path / "padded")
+    driver = driver_diagnostics(tmp_path / "flat")
+    ref = driver_diagnostics(tmp_path / "padded")
     with transfer_queue() as tq:
         _store(tq, batch, keys)
         with monkeypatch.context() as patch:
             gets, puts = _spy(tq, patch), []
             patch.setattr(tq, "kv_batch_put", lambda **kw: puts.append(kw))
-            result = mask.round_trip(1, keys, PARTITION)
+            result = driver.round_trip(1, keys, PARTITION)
         back = tq.kv_batch_get(keys=keys, partition_id=PARTITION, select_fields=["response_mask", "loss_mask"])
-    expected, sample = _reference(batch, mask.settings, ref_mask.diagnostics, ref_mask.spurious_log, ref_mask.tokenizer)
+    expected, sample = _reference(batch, driver.settings, ref.diagnostics, ref.spurious_log, ref.tokenizer)
     # one fetch of the whole batch (reward info included, token ids not), then the ids of the logged rows only
     assert len(gets) == 2, gets
     assert "extra_fields" in gets[0]["select_fields"] and "responses" not in gets[0]["select_fields"]
@@ -120,15 +119,10 @@ def test_round_trip_equals_the_padded_reference(tmp_path, monkeypatch):
 def test_a_step_without_diagnostics_fetches_the_reward_extras_only(tmp_path, monkeypatch):
     batch = _batch(rows=12, seed=5)
     keys = [f"k{i}" for i in range(12)]
-    mask = driver_mask(tmp_path)
-    quiet = dataclasses.replace(
-        mask,
-        diagnostics=dataclasses.replace(mask.diagnostics, ablation_every=0, sample_every=10**9),
-        spurious_log=dataclasses.replace(mask.spurious_log, every=10**9),
-    )
+    quiet_driver = quiet(driver_diagnostics(tmp_path))
     with transfer_queue() as tq:
         _store(tq, batch, keys)
         gets = _spy(tq, monkeypatch)
-        result = quiet.round_trip(3, keys, PARTITION)
+        result = quiet_driver.round_trip(3, keys, PARTITION)
     assert [g["select_fields"] for g in gets] == [["extra_fields"]]
     assert result.metrics.keys() == {"reward/acc/mean"}
