@@ -22,6 +22,7 @@ from benchmarks.tq_roundtrip import PARTITION, driver_diagnostics, quiet, transf
 from stapo.ablation import threshold_grid, token_sample
 from stapo.masks import MaskInputs, build_token_mask
 from stapo.verl_plugin.run_log import SpuriousTokenLog
+from tests.integration.verl_batches import response_rows
 
 
 def _nested(rows):
@@ -30,26 +31,7 @@ def _nested(rows):
 
 def _batch(rows: int = 48, seed: int = 3) -> dict[str, list]:
     """Per-row tensors with spurious tokens, an empty row, a row of zero mask and zeros inside a row."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, 400, (rows,), generator=g).tolist()
-    lengths[5] = 0  # an instant EOS
-    batch = {name: [] for name in ("responses", "response_mask", "old_log_probs", "entropy", "advantages")}
-    for row, n in enumerate(lengths):
-        mask = torch.ones(n, dtype=torch.int64)
-        if row == 7:
-            mask[:] = 0  # a row with no response token
-        if row == 9 and n > 20:
-            mask[10:20] = 0  # tool output inside a response
-        log_prob = -torch.empty(n).exponential_(3.0, generator=g)
-        low = torch.rand(n, generator=g) < 0.05
-        log_prob[low] = torch.empty(int(low.sum())).uniform_(math.log(1e-6), math.log(2e-3), generator=g)
-        advantage = float(torch.randn((), generator=g)) if row % 4 else 0.0
-        batch["responses"].append(torch.randint(1, 1000, (n,), generator=g))
-        batch["response_mask"].append(mask)
-        batch["old_log_probs"].append(log_prob * mask)
-        batch["entropy"].append(torch.empty(n).exponential_(1.0, generator=g) * mask)
-        batch["advantages"].append(torch.full((n,), advantage) * mask)
-    return batch
+    return response_rows(rows, seed, max_len=400, specials=(5, 7, 9))
 
 
 def _padded(rows, value=0):

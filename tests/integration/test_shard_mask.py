@@ -24,6 +24,7 @@ from tensordict import TensorDict
 
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
+from tests.integration.verl_batches import response_rows
 
 # float sums (and their ratio) whose order of addition differs between the padded and the sharded layout
 FLOAT_SUMS = ("grad_bound_spurious", "grad_bound_positive", "grad_bound_share_spurious")
@@ -36,26 +37,8 @@ SETTINGS = {
 
 def _batch(rows: int, seed: int, candidates: bool = True) -> dict[str, list[torch.Tensor]]:
     """Per-row tensors with low-probability tokens, an empty row, a row of zero mask and a hole in a row."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, 120, (rows,), generator=g).tolist()
-    lengths[1] = 0  # an instant EOS
-    batch = {name: [] for name in ("response_mask", "old_log_probs", "entropy", "advantages")}
-    for row, n in enumerate(lengths):
-        mask = torch.ones(n, dtype=torch.int64)
-        if row == 2:
-            mask[:] = 0  # a row with no response token
-        if row == 3 and n > 20:
-            mask[10:20] = 0  # tool output inside a response
-        log_prob = -torch.empty(n).exponential_(3.0, generator=g)
-        low = torch.rand(n, generator=g) < 0.08
-        log_prob[low] = torch.empty(int(low.sum())).uniform_(math.log(1e-6), math.log(2e-3), generator=g)
-        advantage = float(torch.randn((), generator=g)) if row % 4 else 0.0
-        if not candidates:
-            advantage = -abs(advantage)
-        batch["response_mask"].append(mask)
-        batch["old_log_probs"].append(log_prob * mask)
-        batch["entropy"].append(torch.empty(n).exponential_(1.0, generator=g) * mask)
-        batch["advantages"].append(torch.full((n,), advantage) * mask)
+    batch = response_rows(rows, seed, max_len=120, specials=(1, 2, 3), low_share=0.08, candidates=candidates)
+    del batch["responses"]  # the update's shard has them, the mask does not read them
     return batch
 
 
