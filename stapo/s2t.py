@@ -50,13 +50,32 @@ def _check_shapes(log_prob: torch.Tensor, entropy: torch.Tensor, response_mask: 
         )
 
 
+@dataclass(frozen=True)
+class CandidateParts:
+    """The candidate rule and the two intermediate tensors it is made of (the ``stapo`` mask's quadrant
+    counts reuse them instead of computing them again over the whole batch)."""
+
+    positive: torch.Tensor  # bool, a response token with A > 0
+    prob: torch.Tensor  # exp(log_prob), in the log-probs' dtype
+    candidates: torch.Tensor  # bool, positive and prob < tau_p
+
+
+def candidate_parts(
+    log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, tau_p: float
+) -> CandidateParts:
+    """:func:`candidate_mask` with its intermediate tensors."""
+    check_tau_p(tau_p)
+    advantages = broadcast_advantages(advantages, log_prob)
+    positive = response_mask.bool() & (advantages > 0)
+    prob = torch.exp(log_prob)
+    return CandidateParts(positive, prob, positive & (prob < tau_p))
+
+
 def candidate_mask(
     log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, tau_p: float
 ) -> torch.Tensor:
     """Response tokens with a positive advantage and probability ``exp(log_prob) < tau_p``."""
-    check_tau_p(tau_p)
-    advantages = broadcast_advantages(advantages, log_prob)
-    return response_mask.bool() & (advantages > 0) & (torch.exp(log_prob) < tau_p)
+    return candidate_parts(log_prob, advantages, response_mask, tau_p).candidates
 
 
 def detect_spurious(
