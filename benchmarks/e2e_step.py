@@ -26,7 +26,8 @@ from pathlib import Path
 from benchmarks.common import fmt_num, load_average, md_row
 
 STEP_KEY = "timing_s/step"
-# phases worth comparing: the S2T mask is built and folded inside verl's advantage phase
+# phases worth comparing: the S2T mask is built and folded by the actor workers at the start of
+# `update_actor`; `adv` holds the driver's diagnostics (run for every algorithm)
 PHASES = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor", STEP_KEY)
 ALGOS = ("stapo", "grpo", "justrl")  # the first is measured against each of the others
 
@@ -121,7 +122,8 @@ def render(rows: list[dict]) -> str:
             f"run: {'; '.join(result['load'])}."
         ),
         "",
-        "Medians of verl's phase timings (s; the S2T mask is built and folded in `adv`):",
+        "Medians of verl's phase timings (s; the actor workers build and fold the mask in `update_actor`; `adv` "
+        "holds the driver's diagnostics, written for every algorithm):",
         "",
         "| phase | " + " | ".join(algos) + " | " + " | ".join(f"{head} / {b}" for b in baselines) + " |",
         "|---|" + "---|" * (2 * len(algos) - 1),
