@@ -17,11 +17,12 @@ from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.losses import mask_settings
+from stapo.verl_plugin.losses import METRIC_PREFIX, mask_settings
 from stapo.verl_plugin.shard_mask import fold_shard
 
-# verl prefixes the worker's metrics with "actor/": these arrive as actor/stapo/*
-WORKER_METRIC_PREFIX = "stapo/"
+# verl prefixes the worker's metrics with "actor/": these arrive under METRIC_PREFIX (actor/stapo/*)
+VERL_ACTOR_PREFIX = "actor/"
+WORKER_METRIC_PREFIX = METRIC_PREFIX.removeprefix(VERL_ACTOR_PREFIX)
 
 
 def engine_device() -> torch.device:

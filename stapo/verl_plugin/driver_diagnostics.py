@@ -29,16 +29,17 @@ from stapo.verl_plugin.jagged import flat_fields
 from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics, reward_extra_means
 
 REWARD_EXTRA_FIELD = "extra_fields"
+# the old-pass fields every due diagnostic reads
+DIAGNOSTIC_FIELDS = ("response_mask", "advantages", "entropy", "old_log_probs")
 
 
 @dataclass(frozen=True)
 class StepPlan:
-    """What one step's round trip does: which diagnostics are due and which fields they read."""
+    """Which diagnostics are due this step."""
 
     ablation: bool
     sample: bool
     log_tokens: bool
-    fields: tuple[str, ...]
 
     @property
     def active(self) -> bool:
@@ -84,15 +85,14 @@ class DriverDiagnostics:
         ablation = self.diagnostics.ablation_wanted(step)
         sample = self.diagnostics.sample_wanted(step)
         log_tokens = self.spurious_log.wants(step) and self.spec.name == "stapo" and self.settings.folded
-        fields = ("response_mask", "advantages", "entropy", "old_log_probs") if ablation or sample or log_tokens else ()
-        # ``responses`` is not fetched here: the spurious log reads the token ids of at most
-        # ``max_tokens`` rows, fetched on their own (``_log_tokens``), not 8 bytes of every token
-        return StepPlan(ablation, sample, log_tokens, fields)
+        return StepPlan(ablation, sample, log_tokens)
 
     def round_trip(self, step: int, keys: list[str], partition_id: str, reward_extra: bool = True) -> RoundTripResult:
         """One ``kv_batch_get`` (the due diagnostics' fields and, if asked, ``extra_fields``), no put."""
         plan = self.plan(step)
-        fields = list(plan.fields) + ([REWARD_EXTRA_FIELD] if reward_extra else [])
+        # ``responses`` is not fetched here: the spurious log reads the token ids of at most
+        # ``max_tokens`` rows, fetched on their own (``_log_tokens``), not 8 bytes of every token
+        fields = (list(DIAGNOSTIC_FIELDS) if plan.active else []) + ([REWARD_EXTRA_FIELD] if reward_extra else [])
         result = RoundTripResult()
         if not fields:
             return result
@@ -128,7 +128,7 @@ class DriverDiagnostics:
         and the spurious log pick the same tokens as from padded tensors. ``fetch_responses(rows)``
         returns those rows' token ids (the spurious log's; needed only when ``plan.log_tokens``).
         """
-        offsets, flat = flat_fields(data, plan.fields)
+        offsets, flat = flat_fields(data, DIAGNOSTIC_FIELDS)
         response_mask = flat["response_mask"].bool()
         log_prob, entropy = flat["old_log_probs"].float(), flat["entropy"].float()
         advantages = flat["advantages"].float()

@@ -19,19 +19,24 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask, group_totals
+from stapo.masks import (
+    MaskInputs,
+    MaskSettings,
+    MaskSpec,
+    build_token_mask,
+    finalize_metrics,
+    get_token_mask,
+    group_totals,
+)
 from stapo.verl_plugin.jagged import empty_rows, flat_fields, fold_masks, jagged
 
 # the folded loss_mask's DP-global token count; the trainer checks that verl divided by it
 FOLDED_LOSS_TOKENS = "loss_tokens_folded"
-
-
 OLD_PASS_FIELDS = ("old_log_probs", "entropy")
 
 
-def needed_fields(settings: MaskSettings) -> tuple[str, ...]:
-    """The batch fields the mask of ``settings`` cannot do without."""
-    spec = get_token_mask(settings.token_mask)
+def needed_fields(spec: MaskSpec) -> tuple[str, ...]:
+    """The batch fields the registry entry ``spec`` cannot do without."""
     return (
         ("response_mask", "loss_mask", "advantages")
         + (("old_log_probs",) if spec.needs_log_prob else ())
@@ -51,7 +56,8 @@ def fold_shard(
     ``data`` holds verl's jagged response-only fields. The mask is built on ``device`` (where the
     group's collectives run: a NCCL group needs the accelerator) and folded on the fields' device.
     """
-    present, needed = set(data.keys()), needed_fields(settings)
+    spec = get_token_mask(settings.token_mask)
+    present, needed = set(data.keys()), needed_fields(spec)
     missing = [name for name in needed if name not in present]
     if missing:
         raise RuntimeError(
@@ -59,7 +65,6 @@ def fold_shard(
             "lacks; the old-policy pass must store them (actor_rollout_ref.actor.calculate_entropy=true "
             "keeps the entropy)"
         )
-    spec = get_token_mask(settings.token_mask)
     # the old pass's fields are read when present even if the mask does not need them: their
     # non-finite counts are reported for every mask
     names = needed + tuple(name for name in OLD_PASS_FIELDS if name in present and name not in needed)

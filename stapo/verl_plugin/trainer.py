@@ -27,7 +27,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import finalize_metrics, get_token_mask
-from stapo.verl_plugin.actor_worker import WORKER_METRIC_PREFIX, STAPOActorWorker
+from stapo.verl_plugin.actor_worker import STAPOActorWorker
 from stapo.verl_plugin.driver_diagnostics import DriverDiagnostics
 from stapo.verl_plugin.losses import (
     DEFINED_SUFFIX,
@@ -130,7 +130,7 @@ class STAPOTrainer(PPOTrainerSync):
         if loss_tokens is not None:
             loss_tokens = float(loss_tokens) * updates_per_epoch
             update_metrics[LOSS_TOKENS_METRIC] = loss_tokens
-            expected = update_metrics.get("actor/" + WORKER_METRIC_PREFIX + FOLDED_LOSS_TOKENS)
+            expected = update_metrics.get(METRIC_PREFIX + FOLDED_LOSS_TOKENS)
             if self._settings.folded and expected is None:
                 raise RuntimeError(
                     f"the actor update reported no {FOLDED_LOSS_TOKENS}: the STAPO actor worker did not fold the "
