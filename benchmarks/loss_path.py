@@ -33,7 +33,7 @@ from verl.workers.utils.losses import ppo_loss
 from benchmarks.common import fmt_num, fmt_peak, interleaved, md_row, measure_memory, paired_ratio
 from benchmarks.mask_build import LOW_PROB_SHARE
 from stapo.s2t import detect_spurious
-from stapo.verl_plugin.losses import STAPOLossFn
+from stapo.verl_plugin.losses import STAPOLossFn, folded_mask_update
 from tests.integration.verl_batches import actor_config, compose_verl
 
 PATTERNS = ("all_positive", "mixed", "all_zero", "many_low_prob")
@@ -158,7 +158,8 @@ def _prepare(fn, spec: MicroBatchSpec):
         model_output, data = build(spec)
 
         def run():
-            loss, _ = fn(model_output=model_output, data=data)
+            with folded_mask_update():  # the STAPO actor worker's span (nothing for the other entries)
+                loss, _ = fn(model_output=model_output, data=data)
             loss.backward()
 
         return run

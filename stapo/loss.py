@@ -104,3 +104,40 @@ def nonfinite_report(loss: torch.Tensor, mask: torch.Tensor, **tensors: torch.Te
         f"loss tokens: {counts}; the update of this mini-batch is skipped on every rank (check the reward, the "
         "advantage estimator and the rollout/actor log-probs of this batch)"
     )
+
+
+def geo_mean_seq_losses(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GMPO's per-response losses (docs/algorithm.md section 7): ``-A_i * exp(mean_t clip(log rho_t))``.
+
+    Token log-ratios are clipped in log space to ``[-clip_ratio_low, clip_ratio_high]``, sign-aware
+    (for ``A > 0`` only the upper bound binds, for ``A < 0`` only the lower, as PPO's min), and their
+    mean over the response's kept tokens gives the geometric mean of the ratios. The advantage is the
+    response's mean token advantage; the optional rollout weights enter as their geometric mean.
+    Returns ``(seq_losses (batch,), flags)``; a response without kept tokens has loss 0. How the
+    responses are averaged (over the whole mini-batch, not the micro-batch) is the caller's.
+    """
+    mask = mask.bool()
+    old_in, log_in, adv_in, weights_in = outside_mask_zeroed(mask, old_log_prob, log_prob, advantages, weights)
+    log_ratio = torch.clamp(log_in - old_in.detach(), -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    clamped = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
+    sign = torch.sign(adv_in.detach())
+    clipped_log_ratio = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    maskf = mask.to(log_ratio.dtype)
+    tokens = maskf.sum(dim=-1)
+    per_token = torch.where(tokens > 0, 1.0 / tokens.clamp(min=1.0), torch.zeros_like(tokens))
+    seq_ratio = torch.exp((clipped_log_ratio * maskf).sum(dim=-1) * per_token)
+    seq_advantage = (adv_in.detach() * maskf).sum(dim=-1) * per_token
+    seq_losses = -seq_advantage * seq_ratio
+    if weights_in is not None:
+        log_weights = torch.log(torch.where(mask, weights_in, torch.ones_like(weights_in)))
+        seq_losses = seq_losses * torch.exp((log_weights * maskf).sum(dim=-1) * per_token)
+    flags = {"clipped": mask & (log_ratio != clamped), "log_ratio": log_ratio, "positive": adv_in > 0}
+    return seq_losses, flags

@@ -339,12 +339,15 @@ def high_entropy_keep(
     entropy: torch.Tensor, response_mask: torch.Tensor, top_fraction: float, group: dist.ProcessGroup | None = None
 ) -> tuple[torch.Tensor, float]:
     """20-Entropy's kept tokens: entropy >= the (1 - top_fraction)-quantile of all response tokens' entropy
-    over the scope (ties at the threshold kept); and that threshold (NaN when there is no token)."""
+    over the scope (ties at the threshold kept); and that threshold (NaN when there is no token).
+
+    Exact at every size and on every layout (one process or several DP ranks): the threshold decides
+    which tokens train, so the driver's diagnostics and every rank's fold must agree bit for bit."""
     finite = response_mask & torch.isfinite(entropy)
     if group_size(group) > 1:
         threshold = global_quantile(entropy[finite], 1.0 - top_fraction, group)
-    else:  # the driver's whole batch: one pass, no gather
-        (threshold,) = masked_quantiles(entropy, finite, (1.0 - top_fraction,))
+    else:  # one process holds the whole scope: one partition pass, no gather, no sampling
+        (threshold,) = masked_quantiles(entropy, finite, (1.0 - top_fraction,), max_exact=None)
     if math.isnan(threshold):
         return torch.zeros_like(response_mask), threshold
     return finite & ~less_than(entropy, threshold), threshold

@@ -59,11 +59,12 @@ def quantile_of_sorted(sorted_values: torch.Tensor, q: float) -> float:
 
 
 def masked_quantiles(
-    values: torch.Tensor, mask: torch.Tensor, qs: tuple[float, ...], max_exact: int = EXACT_LIMIT
+    values: torch.Tensor, mask: torch.Tensor, qs: tuple[float, ...], max_exact: int | None = EXACT_LIMIT
 ) -> list[float]:
     """Linear quantiles of ``values[mask]`` for several q, without gathering the whole selection.
 
-    Exact up to ``max_exact`` positions: the positions outside ``mask`` are set to +inf, which only
+    Exact up to ``max_exact`` positions (always with ``max_exact=None``, for a threshold that decides
+    which tokens a mask drops): the positions outside ``mask`` are set to +inf, which only
     pushes them past every selected value, so the k-th smallest of the selection is the k-th smallest
     of the whole array; one ``numpy.partition`` finds every needed rank in a single pass. Above that
     (a paper-size batch: 31M tokens) they are the exact quantiles of an evenly strided sample of about
@@ -78,7 +79,7 @@ def masked_quantiles(
     import numpy as np
 
     flat, flat_mask = values.reshape(-1), mask.reshape(-1)
-    if flat.numel() > max_exact:
+    if max_exact is not None and flat.numel() > max_exact:
         stride = -(-flat.numel() // max_exact)
         flat, flat_mask = flat[::stride], flat_mask[::stride]
     n = int(torch.count_nonzero(flat_mask))

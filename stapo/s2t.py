@@ -68,13 +68,15 @@ def candidate_parts(
     advantages = broadcast_advantages(advantages, log_prob)
     positive = response_mask.bool() & (advantages > 0)
     prob = torch.exp(log_prob)
-    return CandidateParts(positive, prob, positive & (prob < tau_p))
+    # exp(-inf) = 0 < tau_p would make a token of log-prob -inf a candidate; the rule says a token whose
+    # log-probability is not finite never is (docs/algorithm.md section 2). NaN and +inf fail `prob < tau_p`.
+    return CandidateParts(positive, prob, positive & (prob < tau_p) & (log_prob != -math.inf))
 
 
 def candidate_mask(
     log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, tau_p: float
 ) -> torch.Tensor:
-    """Response tokens with a positive advantage and probability ``exp(log_prob) < tau_p``."""
+    """Response tokens with a positive advantage, a finite log-prob and probability ``exp(log_prob) < tau_p``."""
     return candidate_parts(log_prob, advantages, response_mask, tau_p).candidates
 
 

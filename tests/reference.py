@@ -44,11 +44,12 @@ def _falses(response_mask) -> list[list[bool]]:
 
 
 def reference_candidates(log_prob, entropy, advantages, response_mask, tau_p):
-    """S2T candidates as (row, position, entropy): A > 0, p < tau_p, a finite entropy to rank."""
+    """S2T candidates as (row, position, entropy): A > 0, a finite log-prob with p < tau_p, a finite entropy
+    to rank."""
     out = []
     for i, t in _tokens(response_mask):
-        h = float(entropy[i][t])
-        if _adv(advantages, i, t) > 0 and _exp(float(log_prob[i][t])) < tau_p and math.isfinite(h):
+        h, lp = float(entropy[i][t]), float(log_prob[i][t])
+        if _adv(advantages, i, t) > 0 and math.isfinite(lp) and _exp(lp) < tau_p and math.isfinite(h):
             out.append((i, t, h))
     return out
 
@@ -127,7 +128,8 @@ def reference_stapo(inputs, settings) -> dict:
     low_prob_count = 0
     for i, t in positive:
         p, h, a = _exp(float(lp[i][t])), float(ent[i][t]), _adv(adv, i, t)
-        low_p, low_h = p < tau_p, h < split
+        # low p is the candidate's probability test: a non-finite log-prob (even -inf, p = 0) is not low p
+        low_p, low_h = math.isfinite(float(lp[i][t])) and p < tau_p, h < split
         low_prob_count += low_p
         counts[f"quadrant/{'lowp' if low_p else 'highp'}_{'lowh' if low_h else 'highh'}"] += 1.0
         # squared logit-gradient norm lower bound at rho = 1: A^2 (1 - 2p + e^-H); undefined values count 0

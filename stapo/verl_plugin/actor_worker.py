@@ -8,6 +8,8 @@ verl's update runs unchanged, and the mask's DP-global metrics join verl's as ``
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from tensordict import TensorDict
 from verl.single_controller.base.decorator import make_nd_compute_dataproto_dispatch_fn, register
@@ -17,7 +19,7 @@ from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.losses import METRIC_PREFIX, mask_settings
+from stapo.verl_plugin.losses import METRIC_PREFIX, folded_mask_update, mask_settings
 from stapo.verl_plugin.shard_mask import fold_shard
 
 # verl prefixes the worker's metrics with "actor/": these arrive under METRIC_PREFIX (actor/stapo/*)
@@ -41,10 +43,13 @@ class STAPOActorWorker(ActorRolloutRefWorker):
         if self._mask_settings is None:
             self._mask_settings = mask_settings(omega_conf_to_dataclass(self.config.actor))
         metrics: dict[str, float] = {}
+        folded = contextlib.nullcontext()
         if self._mask_settings.folded:
             group = self.actor.engine.get_data_parallel_group()
             metrics = fold_shard(data, self._mask_settings, group, engine_device())
-        output = super().update_actor(data)  # verl's own: profiler, routing replay, train_mini_batch
+            folded = folded_mask_update()  # the loss refuses a folded mask it sees outside this span
+        with folded:
+            output = super().update_actor(data)  # verl's own: profiler, routing replay, train_mini_batch
         if output is not None and metrics:
             reported = dict(tu.get(output, "metrics"))
             reported.update({WORKER_METRIC_PREFIX + key: value for key, value in metrics.items()})

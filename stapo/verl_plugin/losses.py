@@ -19,6 +19,7 @@ The mask reaches the loss in one of two ways, both known from the config alone:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 from dataclasses import dataclass, field
@@ -32,12 +33,20 @@ from verl.utils.torch_functional import masked_mean
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from stapo.loss import masked_pg_losses, nan_gradient_loss, nonfinite_report, outside_mask_zeroed
+from stapo.loss import (
+    geo_mean_seq_losses,
+    masked_pg_losses,
+    nan_gradient_loss,
+    nonfinite_report,
+    outside_mask_zeroed,
+)
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask, group_totals
 
 logger = logging.getLogger(__name__)
 
 LOSS_NAME = "masked_clip"
+# GMPO normalised over the whole mini-batch (verl's own `geo_mean` averages each micro-batch on its own)
+GMPO_LOSS_NAME = "gmpo"
 METRIC_PREFIX = "actor/stapo/"
 # per micro-batch: verl's DP-global token count of the mini-batch (the loss's denominator), MAX-aggregated
 LOSS_TOKENS_METRIC = METRIC_PREFIX + "loss_tokens"
@@ -60,6 +69,32 @@ class UpdateContext:
 _UPDATE_CONTEXT: contextvars.ContextVar[UpdateContext | None] = contextvars.ContextVar(
     "stapo_update_context", default=None
 )
+# set by the STAPO actor worker around verl's update once it has folded the mask into the shard
+_MASK_FOLDED: contextvars.ContextVar[bool] = contextvars.ContextVar("stapo_mask_folded", default=False)
+
+NOT_FOLDED = (
+    "actor_rollout_ref.actor.policy_loss.token_mask={mask} (source=old) reached the loss unfolded: only the STAPO "
+    "trainer's actor worker builds and folds it, so this update would train without the mask (JustRL, not "
+    "{mask}). Set trainer.v1.trainer_mode=stapo (and trainer.use_v1=true), or run python -m recipe.stapo.main_stapo"
+)
+
+
+@contextlib.contextmanager
+def folded_mask_update():
+    """The span of one actor update whose shard already carries the folded token mask."""
+    token = _MASK_FOLDED.set(True)
+    try:
+        yield
+    finally:
+        _MASK_FOLDED.reset(token)
+
+
+def refuse_unfolded_mask(settings: MaskSettings) -> None:
+    """A folded mask configured but never folded (verl's own trainers, ``main_ppo`` with trainer_mode=sync or
+    the legacy trainer): every rank raises here, at the same point of the first micro-batch, before any
+    gradient exists, instead of silently training over the unmasked tokens."""
+    if settings.folded and not _MASK_FOLDED.get():
+        raise RuntimeError(NOT_FOLDED.format(mask=settings.token_mask))
 
 
 def mask_settings(actor_config) -> MaskSettings:
@@ -100,7 +135,8 @@ class STAPOLossFn:
         # there, but nothing is wrong and nothing is to be learnt: an exact zero, not a refusal
         empty = batch_tokens == 0
         refused = not empty and not bool(torch.isfinite(loss))
-        metrics[REFUSED_METRIC] = Metric(AggregationType.SUM, float(refused))
+        # verl averages a SUM metric over the DP ranks: one refusing rank of N would read 1/N
+        metrics[REFUSED_METRIC] = Metric(AggregationType.SUM, _any_rank(refused, dp_group, loss.device))
         if empty or refused:
             log_prob = no_padding_2_padding(model_output["log_probs"], data)
             response_mask = data.select("response_mask").to_padded_tensor()["response_mask"]
@@ -113,6 +149,14 @@ class STAPOLossFn:
         for key, value in context.report.items():
             metrics[IN_LOSS_PREFIX + key] = Metric(AggregationType.SUM, value)
         return loss, metrics
+
+
+def _any_rank(flag: bool, group: dist.ProcessGroup | None, device: torch.device) -> float:
+    """1.0 if ``flag`` holds on any rank of ``group`` (the same value on every rank), else 0.0."""
+    value = torch.tensor(float(flag), device=device)
+    if group is not None and dist.is_initialized() and dist.get_world_size(group=group) > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return float(value)
 
 
 def _finite_or_zero(tensor: torch.Tensor) -> torch.Tensor:
@@ -175,6 +219,7 @@ def compute_policy_loss_masked_clip(
     """The clipped objective over the kept tokens (docs/algorithm.md section 3), verl's three metrics."""
     assert config is not None, "verl passes the actor config to registered policy losses"
     settings = mask_settings(config)
+    refuse_unfolded_mask(settings)
     mask, scale = response_mask.bool(), 1.0
     if settings.in_loss:
         mask, scale = _in_loss_mask(settings, log_prob, advantages, mask)
@@ -201,5 +246,49 @@ def compute_policy_loss_masked_clip(
         "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
         "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
         "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
+    }
+    return loss, metrics
+
+
+@register_policy_loss(GMPO_LOSS_NAME)
+def compute_policy_loss_gmpo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """GMPO (``stapo.loss.geo_mean_seq_losses``) averaged over the responses of the whole mini-batch.
+
+    verl 0.9.1's ``geo_mean`` takes a plain mean over each micro-batch's responses and ignores
+    ``global_batch_info``; its FSDP engine backpropagates every micro-batch's loss unscaled, so the
+    mini-batch gradient grows with the number of micro-batches and, with dynamic batch size, each
+    response weighs 1 / the size of its micro-batch. Here each response's loss is divided by the
+    mini-batch's response count (DP-global, times ``dp_size`` for FSDP's gradient average), the
+    convention of verl's ``seq-mean-*`` modes: the same gradient however the mini-batch is split.
+    ``loss_agg_mode`` is not read (GMPO's objective is a mean over responses); a token mask folded
+    into ``response_mask`` applies as for any loss.
+    """
+    assert config is not None, "verl passes the actor config to registered policy losses"
+    refuse_unfolded_mask(mask_settings(config))
+    mask = response_mask.bool()
+    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    seq_losses, flags = geo_mean_seq_losses(
+        old_log_prob, log_prob, advantages, mask, clip_low, clip_high, rollout_is_weights
+    )
+    info = config.global_batch_info
+    dp_size = info.get("dp_size", 1) or 1
+    responses = info.get("global_batch_size", None)
+    if responses is None:  # called outside verl's engine (one process, the micro-batch is the batch)
+        responses = mask.shape[0]
+    loss = seq_losses.sum() / responses * dp_size
+    clipped = flags["clipped"]
+    metrics = {
+        "actor/pg_clipfrac": masked_mean((clipped & flags["positive"]).float(), mask).item(),
+        "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
+        "actor/pg_clipfrac_lower": masked_mean((clipped & ~flags["positive"]).float(), mask).item(),
     }
     return loss, metrics

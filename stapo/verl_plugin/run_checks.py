@@ -49,6 +49,8 @@ def validate_run_config(config) -> None:
     check_clip_ratios(actor)
     check_run_batches(config)
     _check_device(config)
+    _check_distillation(config)
+    _check_geo_mean(config)
     _check_recipe_keys(config)
     _check_no_secrets(config)
 
@@ -186,6 +188,37 @@ def _check_device(config) -> None:
             f"actor_rollout_ref.rollout.name={name} needs GPUs but trainer.device=cpu (the qwen3_* presets are GPU "
             "recipes); on a CPU use model_preset=tiny or model_preset=smollm2 (rollout stapo_hf), on GPUs "
             "trainer.device=cuda"
+        )
+
+
+def _check_distillation(config) -> None:
+    """The STAPO trainer installs its own actor loss function (``STAPOLossFn`` around verl's ``ppo_loss``),
+    which would replace verl's distillation loss: the run would silently train without distillation."""
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=None)
+    if mode == "stapo" and bool(OmegaConf.select(config, "distillation.enabled", default=False)):
+        raise STAPOConfigError(
+            "distillation.enabled=true is not supported with trainer.v1.trainer_mode=stapo: the STAPO trainer's loss "
+            "function would replace verl's distillation loss (set distillation.enabled=false, or run verl's own "
+            "trainer without a token mask)"
+        )
+
+
+def _check_geo_mean(config) -> None:
+    """verl's ``geo_mean`` averages each micro-batch on its own: split into several micro-batches (or with
+    dynamic batch size) the mini-batch gradient is scaled by their number. ``gmpo`` is the same objective
+    averaged over the whole mini-batch (``stapo.verl_plugin.losses``)."""
+    actor = config.actor_rollout_ref.actor
+    if actor.policy_loss.get("loss_mode", "vanilla") != "geo_mean":
+        return
+    world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
+    dp = max(1, world // int(actor.get("ulysses_sequence_parallel_size", 1) or 1))
+    per_rank = int(actor.ppo_mini_batch_size) * int(config.actor_rollout_ref.rollout.n) // dp
+    micro = actor.get("ppo_micro_batch_size_per_gpu", None)
+    if bool(actor.get("use_dynamic_bsz", False)) or (micro is not None and int(micro) < per_rank):
+        raise STAPOConfigError(
+            f"{PL}.loss_mode=geo_mean scales the gradient by the number of micro-batches (verl 0.9.1 averages each "
+            "micro-batch on its own; with use_dynamic_bsz each response weighs 1 / its micro-batch's size): use "
+            f"{PL}.loss_mode=gmpo (algo=gmpo), the same objective averaged over the mini-batch"
         )
 
 

@@ -68,6 +68,27 @@ def in_loss_step_metrics(reduced: dict[str, float], updates_per_epoch: int) -> t
     return counts, stats
 
 
+def step_token_count(mean_per_update: float, updates_per_epoch: int) -> int:
+    """The tokens one pass over the batch divided by, from verl's ``loss_tokens`` metric.
+
+    verl reports each mini-batch's DP-global count and averages them over the step's updates (every
+    epoch counts the same tokens), so the mean times the mini-batches of one epoch is the total. That
+    product is not exact in floating point (``(S / 7) * 7`` can be ``S - 1e-8``): the count is the
+    nearest integer, exact for any count below 2^52.
+    """
+    return round(float(mean_per_update) * updates_per_epoch)
+
+
+def check_token_count(loss_tokens: int, folded: float, mask_name: str) -> None:
+    """verl's token count must be the count the folded mask left: compared as integers."""
+    if loss_tokens != round(float(folded)):
+        raise RuntimeError(
+            f"verl's actor divided by {loss_tokens} tokens but the folded {mask_name} mask left {float(folded):.0f}: "
+            "the mask did not reach verl's token count (a verl change in how loss_mask is read?); the "
+            "renormalisation would be wrong, so the run stops"
+        )
+
+
 @register_trainer(TRAINER_NAME)
 class STAPOTrainer(PPOTrainerSync):
     """``trainer.v1.trainer_mode=stapo``, behaving as verl's ``sync`` trainer in every branch."""
@@ -128,20 +149,16 @@ class STAPOTrainer(PPOTrainerSync):
         updates_per_epoch = max(1, len(batch) // (actor.actor.ppo_mini_batch_size * actor.rollout.n))
         loss_tokens = update_metrics.pop(LOSS_TOKENS_METRIC, None)
         if loss_tokens is not None:
-            loss_tokens = float(loss_tokens) * updates_per_epoch
-            update_metrics[LOSS_TOKENS_METRIC] = loss_tokens
+            loss_tokens = step_token_count(loss_tokens, updates_per_epoch)
+            update_metrics[LOSS_TOKENS_METRIC] = float(loss_tokens)
             expected = update_metrics.get(METRIC_PREFIX + FOLDED_LOSS_TOKENS)
             if self._settings.folded and expected is None:
                 raise RuntimeError(
                     f"the actor update reported no {FOLDED_LOSS_TOKENS}: the STAPO actor worker did not fold the "
                     f"{self._mask.name} mask (was the actor role mapped to another worker class?)"
                 )
-            if expected is not None and loss_tokens != expected:
-                raise RuntimeError(
-                    f"verl's actor divided by {loss_tokens:.0f} tokens but the folded {self._mask.name} mask left "
-                    f"{expected:.0f}: the mask did not reach verl's token count (a verl change in how loss_mask "
-                    "is read?); the renormalisation would be wrong, so the run stops"
-                )
+            if expected is not None:
+                check_token_count(loss_tokens, expected, self._mask.name)
         if self._settings.in_loss:
             step = finalize_metrics(self._mask, *in_loss_step_metrics(update_metrics, updates_per_epoch))
             update_metrics = {k: v for k, v in update_metrics.items() if not k.startswith(IN_LOSS_PREFIX)}

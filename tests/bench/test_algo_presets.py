@@ -56,7 +56,7 @@ PAPER_VALUES: dict[str, dict[str, object]] = {
         **NO_KL,
     },
     "gmpo": {
-        PL + "loss_mode": "geo_mean",
+        PL + "loss_mode": "gmpo",
         PL + "token_mask": "none",
         A + "clip_ratio_low": 0.4,
         A + "clip_ratio_high": 0.4,
@@ -160,7 +160,7 @@ def test_preset_composes_validates_and_carries_its_papers_values(preset, algo):
         config=resolved, use_reference_policy=need_reference_policy(resolved), use_critic=need_critic(resolved)
     )
     assert need_critic(resolved) is False
-    if algo == "drgrpo":  # the paper's constant divisor: the generation budget
+    if algo in ("drgrpo", "dppo_tv", "dppo_kl"):  # a constant divisor (the generation budget), not the batch's width
         assert OmegaConf.select(resolved, A + "loss_scale_factor") == cfg.data.max_response_length
     # the project's own driver-side checks
     validate_run_config(cfg)

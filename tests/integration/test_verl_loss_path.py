@@ -18,7 +18,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
 from stapo.masks import TOKEN_MASK_REGISTRY, MaskSettings
-from stapo.verl_plugin.losses import LOSS_TOKENS_METRIC, REFUSED_METRIC, STAPOLossFn
+from stapo.verl_plugin.losses import LOSS_TOKENS_METRIC, REFUSED_METRIC, STAPOLossFn, folded_mask_update
 from stapo.verl_plugin.trainer import in_loss_step_metrics
 from tests.integration.verl_batches import (
     actor_config,
@@ -224,7 +224,8 @@ def test_folded_masks_need_no_wrapper_context():
     rows.pop("model_entropy")
     config = actor_config(token_mask="entropy20")
     model_output, data, _ = make_micro_batch(rows, prompt_lens, int(loss_mask.sum()), len(lengths))
-    stock, _ = ppo_loss(config, model_output, data)
+    with folded_mask_update():  # the span in which the STAPO actor worker runs verl's update
+        stock, _ = ppo_loss(config, model_output, data)
     wrapped, _, _ = run_micro_batches(STAPOLossFn(config), rows, prompt_lens, [len(lengths)], int(loss_mask.sum()))
     assert float(stock.detach()) == pytest.approx(wrapped, rel=1e-12)
 
@@ -243,3 +244,20 @@ def test_in_loss_step_metrics_are_step_totals_and_means_where_defined():
     counts, stats = in_loss_step_metrics(reduced, updates_per_epoch=4)
     assert counts == {"num_spurious": 12.0}
     assert stats["tau_h"] == pytest.approx(1.2) and math.isnan(stats["entropy_p50"]) and len(stats) == 2
+
+
+def test_a_folded_mask_outside_the_stapo_worker_is_refused_by_the_loss():
+    """verl's own trainers (main_ppo with trainer_mode=sync, the legacy trainer) call the registered loss
+    without the STAPO worker's fold: the loss refuses instead of training JustRL under STAPO's name."""
+    tensors, lengths, prompt_lens = random_batch(2)
+    mask = tensors["response_mask"]
+    rows = ragged_rows(tensors, lengths, mask, mask)
+    rows.pop("model_entropy")
+    for name in ("stapo", "entropy20"):
+        config = actor_config(token_mask=name)
+        model_output, data, _ = make_micro_batch(rows, prompt_lens, int(mask.sum()), len(lengths))
+        with pytest.raises(RuntimeError, match=r"token_mask=%s .*trainer\.v1\.trainer_mode=stapo" % name):
+            ppo_loss(config, model_output, data)
+    model_output, data, _ = make_micro_batch(rows, prompt_lens, int(mask.sum()), len(lengths))
+    loss, _ = ppo_loss(actor_config(token_mask="none"), model_output, data)  # nothing to fold: trains
+    assert torch.isfinite(loss)

@@ -20,6 +20,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from stapo.masks import MaskInputs, MaskSettings, TokenMask, build_token_mask
 from stapo.verl_plugin.config import TARGET
 from stapo.verl_plugin.jagged import fold_masks
+from stapo.verl_plugin.losses import folded_mask_update
 
 PL = "actor_rollout_ref.actor.policy_loss"
 
@@ -142,7 +143,16 @@ def run_micro_batches(
 
     Returns ``(summed loss, gradient rows, metrics per micro-batch)``; the summed loss is what verl's
     gradient accumulation optimises (each micro-batch is already normalised by the mini-batch count).
+    Runs inside the STAPO actor worker's span of an update over a folded shard (the rows hold masks
+    the caller folded as the worker does).
     """
+    with folded_mask_update():
+        return _run_micro_batches(
+            loss_fn, rows, prompt_lens, splits, batch_num_tokens, dp_size, dp_group, global_batch_size
+        )
+
+
+def _run_micro_batches(loss_fn, rows, prompt_lens, splits, batch_num_tokens, dp_size, dp_group, global_batch_size):
     total, grads, all_metrics, start = 0.0, [], [], 0
     for size in splits:
         part = {key: value[start : start + size] for key, value in rows.items()}

@@ -103,6 +103,11 @@ REJECTED = [
     (["data.train_batch_size=-4"], "data.train_batch_size must be a positive integer, got -4"),
     (["trainer.nnodes=0"], "trainer.nnodes must be a positive integer, got 0"),
     ([f"{ACTOR}.ppo_micro_batch_size_per_gpu=0"], f"{ACTOR}.ppo_micro_batch_size_per_gpu must be a positive integer"),
+    # combinations that would train something else than configured, silently
+    (["distillation.enabled=true"], "distillation.enabled=true is not supported with trainer.v1.trainer_mode=stapo"),
+    (["algo=gmpo", f"{PL}.loss_mode=geo_mean"], f"use {PL}.loss_mode=gmpo (algo=gmpo)"),  # 4 micro-batches
+    (["algo=gmpo", f"{PL}.loss_mode=geo_mean", f"{ACTOR}.use_dynamic_bsz=true",
+      f"{ROLLOUT}.log_prob_use_dynamic_bsz=true"], f"{PL}.loss_mode=geo_mean scales the gradient"),
 ]
 
 
@@ -135,6 +140,10 @@ ACCEPTED = [
     # any verl loss with a folded (source=old) mask
     [f"{PL}.loss_mode=vanilla"],
     ["algo=entropy20", f"{PL}.loss_mode=vanilla"],
+    # verl's geo_mean is right when the mini-batch is one micro-batch (4 prompts x 8 responses on one rank)
+    ["algo=gmpo", f"{PL}.loss_mode=geo_mean", f"{ACTOR}.ppo_micro_batch_size_per_gpu=32"],
+    ["algo=gmpo", f"{ACTOR}.use_dynamic_bsz=true", f"{ROLLOUT}.log_prob_use_dynamic_bsz=true"],
+    ["algo=justrl", "trainer.v1.trainer_mode=sync", "distillation.enabled=true"],  # verl's own trainer: its loss
 ]
 
 

@@ -68,9 +68,8 @@ def _micro_batch(model, rank: int, poison: bool):
 def _step(engine, model, config, rank: int, poison: bool) -> dict:
     import torch.distributed as dist
     from verl.utils import tensordict_utils as tu
-    from verl.utils.metric import Metric
 
-    from stapo.verl_plugin.losses import REFUSED_METRIC, STAPOLossFn
+    from stapo.verl_plugin.losses import REFUSED_METRIC, STAPOLossFn, folded_mask_update
     from tests.integration.verl_batches import make_micro_batch
 
     rows, flat, tokens = _micro_batch(model, rank, poison=poison and rank == 1)
@@ -78,12 +77,13 @@ def _step(engine, model, config, rank: int, poison: bool) -> dict:
     dist.all_reduce(total)  # verl's engine: the mini-batch's DP-global token count
     model_output, data, _ = make_micro_batch(rows, [PROMPT] * 3, int(total), 3 * WORLD, flat_log_probs=flat)
     tu.assign_non_tensor(data, dp_size=WORLD)
-    loss, metrics = STAPOLossFn(config)(model_output=model_output, data=data, dp_group=dist.group.WORLD)
+    with folded_mask_update():  # as the STAPO actor worker runs verl's update over its folded shard
+        loss, metrics = STAPOLossFn(config)(model_output=model_output, data=data, dp_group=dist.group.WORLD)
     loss.backward()  # FSDP2: reduce-scatter of the gradients, a collective on every rank
     norm = engine.optimizer_step()  # verl's own clip + skip rule
     engine.optimizer.zero_grad()
     refused = metrics[REFUSED_METRIC]
-    return {"loss": float(loss.detach()), "norm": norm, "refused": Metric.aggregate_dp([refused])}
+    return {"loss": float(loss.detach()), "norm": norm, "refused": float(refused.values[0])}  # one micro-batch
 
 
 def _full_params(model) -> list[torch.Tensor]:
@@ -157,5 +157,10 @@ def test_nan_on_one_rank_skips_the_step_on_every_rank_without_hanging():
         # the clean step that follows is taken, finite, and identical on both ranks
         assert got["good"]["norm"] == got["good"]["norm"] and got["good"]["norm"] > 0, got["good"]
         assert got["changed_after_good"] and got["finite_after_good"], rank
-    assert results[1]["bad"]["refused"] == 1.0 and results[0]["bad"]["refused"] == 0.0  # counted where it happened
+    # one refusing rank: every rank reports the refused micro-batch, so verl's mean over the DP ranks reads 1, not 1/2
+    from verl.utils.metric import AggregationType, Metric
+
+    for phase, expected in (("bad", 1.0), ("good", 0.0)):
+        per_rank = [Metric(AggregationType.SUM, results[rank][phase]["refused"]) for rank in range(WORLD)]
+        assert Metric.aggregate_dp(per_rank) == expected, phase
     assert results[0]["params"] == results[1]["params"]

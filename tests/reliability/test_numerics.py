@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.losses import REFUSED_METRIC, STAPOLossFn
+from stapo.verl_plugin.losses import REFUSED_METRIC, STAPOLossFn, folded_mask_update
 from tests.integration.verl_batches import (
     actor_config,
     compose_verl,
@@ -108,7 +108,8 @@ def run_loss(config, tensors, response_mask, loss_mask, batch_num_tokens):
             rows[key] = list(tensors[key])
     count = len(rows["log_prob"])
     model_output, data, leaf = make_micro_batch(rows, [PROMPT] * count, batch_num_tokens, count)
-    loss, metrics = STAPOLossFn(config)(model_output=model_output, data=data)
+    with folded_mask_update():  # as the STAPO actor worker runs verl's update over its folded shard
+        loss, metrics = STAPOLossFn(config)(model_output=model_output, data=data)
     loss.backward()
     width = tensors["log_prob"].shape[1]
     step = width + PROMPT

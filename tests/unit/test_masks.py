@@ -251,3 +251,22 @@ def test_register_refuses_a_second_function_under_a_taken_name():
             reference_for("_test_keep_all")
     finally:
         del TOKEN_MASK_REGISTRY["_test_keep_all"]
+
+
+@pytest.mark.parametrize("top_fraction", [0.2, 0.37])
+def test_entropy20_threshold_is_exact_above_the_percentile_sampling_size(top_fraction):
+    """One process above 2^20 positions (the driver, or a single rank) takes the exact quantile, as several
+    ranks do: the kept set is the one numpy's quantile gives, not a strided sample's estimate."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(5)
+    rows, cols = 300, 4000  # 1.2M positions > 2^20
+    entropy = torch.rand(rows, cols, generator=g) * 3
+    entropy[::7, ::11] = 0.5  # ties
+    response_mask = torch.rand(rows, cols, generator=g) < 0.9
+    settings = MaskSettings(token_mask="entropy20", entropy_top_fraction=top_fraction)
+    built = build_token_mask(MaskInputs(response_mask, torch.ones(rows), None, entropy), settings)
+    values = entropy[response_mask].double().numpy()
+    threshold = float(np.quantile(values, 1.0 - top_fraction))
+    assert built.stats["entropy_threshold"] == threshold
+    assert built.counts["num_kept"] == int((values >= threshold).sum())

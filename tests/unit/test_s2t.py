@@ -108,6 +108,27 @@ def test_probability_exactly_tau_p_is_not_a_candidate():
     assert detection.candidates.tolist() == [[False, True, True]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nonfinite_log_prob_is_never_a_candidate(dtype):
+    """exp(-inf) = 0 < tau_p: a token of log-prob -inf would pass the probability test; the rule
+    (docs/algorithm.md section 2) says a non-finite log-prob is never a candidate, nor silenced."""
+    log_prob, entropy, advantages, response_mask = random_batch(11)
+    log_prob, entropy = log_prob.to(dtype), entropy.to(dtype)
+    advantages = advantages.abs() + 0.1
+    response_mask[:, :6] = True
+    log_prob[2, :3] = -math.inf
+    log_prob[4, 0], log_prob[4, 1] = math.nan, math.inf
+    entropy[2, :3] = 0.0  # the lowest entropy of the batch: silenced if it were a candidate
+    detection = detect_spurious(log_prob, entropy, advantages, response_mask, entropy_quantile=1.0)
+    expected, tau_h = reference_spurious(
+        log_prob.tolist(), entropy.tolist(), advantages.tolist(), response_mask.tolist(), 0.002, 1.0
+    )
+    assert not detection.candidates[2, :3].any() and not detection.candidates[4, :2].any()
+    assert not detection.spurious[2, :3].any()
+    assert detection.spurious.tolist() == expected and detection.tau_h == tau_h
+    assert detection.spurious.any()
+
+
 def test_nan_entropy_is_neither_ranked_nor_masked():
     log_prob, entropy, advantages, response_mask = random_batch(9)
     entropy[3, :5] = float("nan")
