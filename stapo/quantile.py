@@ -124,7 +124,7 @@ def gather_variable(values: torch.Tensor, group: dist.ProcessGroup | None) -> to
     """Concatenate a 1-D tensor of different length on every rank, in rank order.
 
     Only the values themselves travel (padded to the longest rank's count), never the tokens they
-    were selected from: for the S2T threshold that is the candidates, about 1% of the batch.
+    were selected from: for the S2T threshold that is the candidates, a small share of the batch.
     """
     values = values.reshape(-1)
     world = group_size(group)

@@ -107,7 +107,7 @@ def spurious_among(
     """The second half of :func:`detect_spurious`: the candidates below ``tau_h`` (any shape).
 
     For a caller that already holds the candidate mask (``stapo.masks`` computes the same rule for
-    its quadrant counts). Works at the candidates' positions only, about 1% of a batch: their
+    its quadrant counts). Works at the candidates' positions only, a small share of a batch: their
     entropies are read once by index, and a non-finite one leaves the candidate set.
     """
     check_entropy_quantile(entropy_quantile)

@@ -1,7 +1,8 @@
 """Generated tasks the recipe writes on demand (``stapo.synthetic_data_dir``), rewritten only when asked for.
 
-``synthetic`` is the tiny model's smoke task, ``arithmetic`` the demo's word problems; both are
-deterministic functions of (rows, seed), so the folder is kept as long as those match.
+``synthetic`` is the tiny model's smoke task, ``arithmetic`` the demo's word problems, ``addition``
+the testbed's worked multi-operand sums; all are deterministic functions of (rows, seed), so the
+folder is kept as long as those match.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ TASKS = {
     # task name: (module with write_parquet(out_dir, train, val, seed), its file names)
     "synthetic": ("stapo.data.synthetic", ("train.parquet", "val.parquet")),
     "arithmetic": ("stapo.data.arithmetic", ("train.parquet", "heldout.parquet")),
+    "addition": ("stapo.data.addition", ("train.parquet", "heldout.parquet")),
 }
 MARKER = "stapo_synthetic.json"
 

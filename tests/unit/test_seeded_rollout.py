@@ -77,6 +77,29 @@ def test_kv_cache_loop_matches_full_recompute(model_dir):
     assert log_probs == pytest.approx(expected, abs=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.3])
+def test_log_probs_are_the_actors_at_the_rollout_temperature(model_dir, temperature):
+    """verl's actor scales its logits by the rollout temperature before its log-probs (its FSDP engine's
+    ``_scale_logits_by_temperature`` and ``logprobs_from_logits``): the rollout's must be the same quantity,
+    or verl's rollout-vs-actor metrics and rollout correction weights compare different things. top-k
+    filters what is drawn, not the log-prob."""
+    from verl.utils.torch_functional import logprobs_from_logits
+    from verl.workers.engine.fsdp.transformer_impl import _scale_logits_by_temperature
+
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    prompt = [5, 6, 7, 8]
+    sampling = Sampling(temperature=temperature, top_k=30, max_tokens=10, logprobs=True)
+    tokens, log_probs, _ = sample_group(model, prompt, sampling, seeds=[321], eos_ids=[EOS])[0]
+    sequence = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(sequence).logits[0, len(prompt) - 1 : -1]
+        scaled = _scale_logits_by_temperature(logits, torch.tensor(temperature), is_unit_temperature=False)
+        actor = logprobs_from_logits(scaled, sequence[0, len(prompt) :], inplace_backward=False)
+        untempered = torch.log_softmax(logits, dim=-1).gather(-1, sequence[0, len(prompt) :, None])[:, 0]
+    assert log_probs == pytest.approx(actor.tolist(), abs=1e-5)
+    assert log_probs != pytest.approx(untempered.tolist(), abs=1e-3)
+
+
 def _generate(server, prompt, seed, temperature=1.0):
     params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True}
     if seed is not None:

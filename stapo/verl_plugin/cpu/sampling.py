@@ -76,8 +76,10 @@ def sample_group(
     The prompt is encoded once (batch of one) and its KV cache repeated for the rows; the rows then
     decode in lockstep as one batch. A row that has finished keeps its slot (its further tokens are
     discarded) so the batch's shape never depends on what was sampled. The log-probs are of the
-    unfiltered logits (temperature 1, no top-k/p): the quantity verl's actor recomputes, so rollout
-    and actor log-probs can be compared. With one seed this is a plain KV-cache sampling loop.
+    logits divided by the temperature, without top-k/p: the quantity verl's actor recomputes (it
+    scales its logits by the rollout temperature), so verl's rollout-vs-actor metrics and rollout
+    correction weights compare like with like (greedy requests: temperature 1). With one seed this is
+    a plain KV-cache sampling loop.
     """
     if not seeds:
         return []
@@ -90,6 +92,7 @@ def sample_group(
             raise ValueError("sampling with temperature > 0 needs a seed (the server draws one when none is sent)")
         generators.append(torch.Generator(device="cpu").manual_seed(int(seed)))
     rows = len(seeds)
+    log_prob_temperature = 1.0 if sampling.greedy else sampling.temperature
     out = model(input_ids=torch.tensor([prompt_ids], dtype=torch.long), use_cache=True)
     past = out.past_key_values
     logits = out.logits[:, -1].float().expand(rows, -1)  # every row starts from the same prompt
@@ -107,7 +110,7 @@ def sample_group(
                 continue  # finished earlier: the slot stays, the draw is discarded
             tokens[row].append(token)
             if sampling.logprobs:
-                log_probs[row].append(float(torch.log_softmax(logits[row], dim=-1)[token]))
+                log_probs[row].append(float(torch.log_softmax(logits[row] / log_prob_temperature, dim=-1)[token]))
             if token in eos_ids:
                 stops[row] = "completed"
         if all(stop == "completed" for stop in stops) or step + 1 == sampling.max_tokens:
