@@ -4,9 +4,10 @@ docs/algorithm.md section 3. Each actor worker holds its shard of the step's bat
 TransferQueue by verl's dispatch) when its ``update_actor`` starts. :func:`fold_shard` builds the
 mask there: the token-wise rules run on the shard, a threshold over the batch (S2T's tau_h, the
 20-Entropy cut) is taken over every DP rank of ``group`` (for S2T only the candidates' entropies
-travel, a small share of the tokens; the logged percentiles gather up to 2^20 entropies), and the mask is folded into the shard's ``response_mask`` (the
-policy-gradient sum) and ``loss_mask`` (the token count). verl's engine then counts the mini-batch's
-tokens from the folded ``loss_mask``, DP all-reduced, so the renormalisation stays exact, and the
+travel, a small share of the tokens; the logged percentiles gather up to 2^20 entropies), and the
+mask is folded into the shard's ``response_mask`` (the policy-gradient sum) and ``loss_mask`` (the
+token count). verl's engine then counts the mini-batch's tokens from the folded ``loss_mask``, DP
+all-reduced, so the renormalisation stays exact, and the
 mask equals the one the whole batch would give in one process, bit for bit.
 
 The driver never touches the full-batch tensors for the mask (it fetches them only on the steps
