@@ -206,6 +206,13 @@ def _in_loss_mask(settings: MaskSettings, log_prob, advantages, response_mask) -
     return keep, scale
 
 
+def clip_bounds(config) -> tuple[float, float]:
+    """``(clip_ratio_low, clip_ratio_high)``, each falling back to ``clip_ratio`` when unset (verl's rule)."""
+    low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
+    high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    return low, high
+
+
 @register_policy_loss(LOSS_NAME)
 def compute_policy_loss_masked_clip(
     old_log_prob: torch.Tensor,
@@ -223,8 +230,7 @@ def compute_policy_loss_masked_clip(
     mask, scale = response_mask.bool(), 1.0
     if settings.in_loss:
         mask, scale = _in_loss_mask(settings, log_prob, advantages, mask)
-    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    clip_low, clip_high = clip_bounds(config)
     clip_c = config.get("clip_ratio_c", 3.0)
     pg_losses, flags = masked_pg_losses(
         old_log_prob, log_prob, advantages, mask, clip_low, clip_high, clip_c, rollout_is_weights
@@ -274,8 +280,7 @@ def compute_policy_loss_gmpo(
     assert config is not None, "verl passes the actor config to registered policy losses"
     refuse_unfolded_mask(mask_settings(config))
     mask = response_mask.bool()
-    clip_low = config.clip_ratio_low if config.clip_ratio_low is not None else config.clip_ratio
-    clip_high = config.clip_ratio_high if config.clip_ratio_high is not None else config.clip_ratio
+    clip_low, clip_high = clip_bounds(config)
     seq_losses, flags = geo_mean_seq_losses(
         old_log_prob, log_prob, advantages, mask, clip_low, clip_high, rollout_is_weights
     )
