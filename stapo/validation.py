@@ -8,6 +8,7 @@ checked here; checks of verl's keys (clip ratios, batch sizes) live in ``stapo/v
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -55,3 +56,21 @@ def check_positive_int(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise STAPOConfigError(f"{key} must be a positive integer, got {value!r}")
     return value
+
+
+def check_number(key: str, value: Any, minimum: float = 0.0, hint: str = "") -> float:
+    """A finite number >= ``minimum`` (a string such as ``lr=fast`` reaches the workers otherwise)."""
+    if not is_finite_number(value) or value < minimum:
+        raise STAPOConfigError(f"{key} must be a finite number >= {minimum:g}{hint}, got {value!r}")
+    return value
+
+
+def did_you_mean(word: Any, choices) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices``, or nothing when none is close."""
+    close = difflib.get_close_matches(str(word), [str(choice) for choice in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def refusal_line(error: BaseException) -> str:
+    """The one line a refused setting is reported with, on every command: ``stapo: <message>``."""
+    return "stapo: " + " ".join(str(error).split())

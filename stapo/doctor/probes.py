@@ -119,9 +119,11 @@ def probe_plugin() -> dict[str, Any]:
 
     try:
         from stapo.verl_plugin.registration import REQUIRED_LOSSES, assert_registered
+        from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
 
         assert_registered()
-        return {"ok": True, "detail": f"policy loss(es) {', '.join(REQUIRED_LOSSES)} and trainer 'stapo'"}
+        losses = ", ".join(REQUIRED_LOSSES)
+        return {"ok": True, "detail": f"policy losses {losses}, trainer 'stapo', agent loop {AGENT_LOOP_NAME!r}"}
     except BaseException as error:  # noqa: BLE001 - the message is the result
         last = traceback.format_exception_only(type(error), error)[-1].strip()
         return {"ok": False, "detail": last[:500]}

@@ -22,8 +22,10 @@ from stapo.validation import (
     STAPOConfigError,
     check_choice,
     check_entropy_quantile,
+    check_number,
     check_positive_int,
     check_tau_p,
+    did_you_mean,
     is_finite_number,
 )
 from stapo.verl_plugin.batch_checks import check_run_batches
@@ -48,6 +50,8 @@ def validate_run_config(config) -> None:
     _check_token_mask(config)
     check_clip_ratios(actor)
     check_run_batches(config)
+    _check_lengths_steps_lr(config)
+    _check_loggers(config)
     _check_device(config)
     _check_distillation(config)
     _check_geo_mean(config)
@@ -131,7 +135,7 @@ def check_clip_ratios(actor: Mapping[str, Any], prefix: str = "actor_rollout_ref
             if not is_finite_number(value) or value < 0.0:
                 raise STAPOConfigError(f"{prefix}{name} must be a finite number >= 0 for {loss_mode}, got {value!r}")
         elif not is_finite_number(value) or not 0.0 <= value <= 1.0:
-            raise STAPOConfigError(f"{prefix}{name} must be in [0, 1] (paper: 0.2), got {value!r}")
+            raise STAPOConfigError(f"{prefix}{name} must be in [0, 1] (paper: 0.2; 1 turns the lower clip off), got {value!r}")
     value = actor.get("clip_ratio_high", None)
     if value is not None and (not is_finite_number(value) or value < 0.0):
         raise STAPOConfigError(f"{prefix}clip_ratio_high must be a finite number >= 0 (paper: 0.28), got {value!r}")
@@ -180,9 +184,40 @@ def _check_policy_loss_keys(policy_loss) -> None:
         )
 
 
+def _check_lengths_steps_lr(config) -> None:
+    """Read by verl's dataset, trainer and optimizer inside Ray: a string or a negative there fails late."""
+    for key in ("data.max_prompt_length", "data.max_response_length", "trainer.total_epochs"):
+        check_positive_int(key, OmegaConf.select(config, key, default=None))
+    steps = OmegaConf.select(config, "trainer.total_training_steps", default=None)
+    if steps is not None:  # null: trainer.total_epochs decides
+        check_positive_int("trainer.total_training_steps", steps)
+    check_number(f"{ACTOR}optim.lr", OmegaConf.select(config, f"{ACTOR}optim.lr", default=None), hint=" (paper: 1e-6)")
+
+
+def _check_loggers(config) -> None:
+    """verl's ``Tracking`` asserts its backend names inside the TaskRunner, after Ray started."""
+    from verl.utils.tracking import Tracking
+
+    loggers = OmegaConf.select(config, "trainer.logger", default="console")
+    allowed = list(Tracking.supported_backend)
+    for name in [loggers] if isinstance(loggers, str) else list(loggers or []):
+        if name not in allowed:
+            raise STAPOConfigError(
+                f"trainer.logger={name!r} is not one of verl's loggers {allowed}{did_you_mean(name, allowed)}"
+            )
+
+
 def _check_device(config) -> None:
+    """The rollout back-end exists (verl asserts it inside a worker) and runs on ``trainer.device``."""
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY  # the registry the workers look the name up in
+
     device = OmegaConf.select(config, "trainer.device", default="cuda")
     name = OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None)  # None: ??? in verl's yaml
+    known = sorted({registered for registered, _ in _ROLLOUT_REGISTRY})
+    if name is not None and name not in known:
+        raise STAPOConfigError(
+            f"actor_rollout_ref.rollout.name must be one of {known}, got {name!r}{did_you_mean(name, known)}"
+        )
     if device == "cpu" and name in GPU_ONLY_ROLLOUTS:
         raise STAPOConfigError(
             f"actor_rollout_ref.rollout.name={name} needs GPUs but trainer.device=cpu (the qwen3_* presets are GPU "

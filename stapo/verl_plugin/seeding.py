@@ -66,11 +66,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def register_agent_loop() -> None:
-    """Register ``stapo_seeded`` in verl's agent loop registry (every process: the plugin entry calls it)."""
-    import stapo.verl_plugin.seeded_agent_loop  # noqa: F401  (its @register runs on import)
-
-
 def pin_reproducibility(config) -> list[str]:
     """Driver side: the seeded agent loop and the submission-ordered replay buffer, unless chosen otherwise.
 

@@ -28,9 +28,6 @@ def register_rollout() -> None:
     # verl has no public registration call for adapters: its registry is this module-level dict
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "stapo.verl_plugin.cpu.rollout.HFServerAdapter"
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
-    from stapo.verl_plugin.seeding import register_agent_loop
-
-    register_agent_loop()  # the seeded agent loop: any rollout back-end, GPU included
 
 
 def _runtime_env_flag(config) -> str | None:
