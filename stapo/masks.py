@@ -34,7 +34,7 @@ from stapo.quantile import (
     less_than,
     masked_quantiles,
 )
-from stapo.s2t import broadcast_advantages, candidate_parts, spurious_among
+from stapo.s2t import broadcast_advantages, detect_spurious
 from stapo.validation import (
     ENTROPY20_TOP_FRACTION,
     PAPER_ENTROPY_QUANTILE,
@@ -290,10 +290,10 @@ def stapo_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     mask, log_prob, entropy, advantages = inputs.response_mask, inputs.log_prob, inputs.entropy, inputs.advantages
     # full-batch elementwise ops in the batch's dtype, never a gather or a float64 copy of the batch:
     # at the paper's 31M response tokens those dominate the driver's time (benchmarks/mask_build.py)
-    parts = candidate_parts(log_prob, advantages, mask, settings.tau_p)  # the rule once, for both uses
+    detection = detect_spurious(log_prob, entropy, advantages, mask, settings.tau_p, settings.entropy_quantile,
+                                inputs.group)
+    spurious, parts = detection.spurious, detection.parts  # the candidate rule once, for the mask and quadrants
     positive, prob, low_prob = parts.positive, parts.prob, parts.candidates
-    detection = spurious_among(low_prob, entropy, settings.entropy_quantile, inputs.group)
-    spurious = detection.spurious
     # section 4: the quadrants split positive-advantage tokens at tau_p and tau_h; with no candidate
     # tau_h is undefined and the split falls back to the median entropy of those tokens
     split = detection.tau_h

@@ -11,6 +11,7 @@ Pure torch, no verl: tensors in, tensors and floats out. Shapes are ``(batch, re
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ class S2TDetection:
     candidates: torch.Tensor  # bool, A > 0 and p < tau_p on a response token
     tau_h: float  # NaN when the detection scope holds no candidate
     num_candidates: int  # over the whole scope (all ranks)
+    parts: CandidateParts | None = None  # the candidate rule's tensors (detect_spurious sets them)
 
 
 def broadcast_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -63,7 +65,8 @@ class CandidateParts:
 def candidate_parts(
     log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, tau_p: float
 ) -> CandidateParts:
-    """:func:`candidate_mask` with its intermediate tensors."""
+    """Response tokens with a positive advantage, a finite log-prob and probability ``exp(log_prob) < tau_p``,
+    with the two intermediate tensors of that rule."""
     check_tau_p(tau_p)
     advantages = broadcast_advantages(advantages, log_prob)
     positive = response_mask.bool() & (advantages > 0)
@@ -71,13 +74,6 @@ def candidate_parts(
     # exp(-inf) = 0 < tau_p would make a token of log-prob -inf a candidate; the rule says a token whose
     # log-probability is not finite never is (docs/algorithm.md section 2). NaN and +inf fail `prob < tau_p`.
     return CandidateParts(positive, prob, positive & (prob < tau_p) & (log_prob != -math.inf))
-
-
-def candidate_mask(
-    log_prob: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor, tau_p: float
-) -> torch.Tensor:
-    """Response tokens with a positive advantage, a finite log-prob and probability ``exp(log_prob) < tau_p``."""
-    return candidate_parts(log_prob, advantages, response_mask, tau_p).candidates
 
 
 def detect_spurious(
@@ -97,8 +93,8 @@ def detect_spurious(
     check_entropy_quantile(entropy_quantile)
     _check_shapes(log_prob, entropy, response_mask)
     with torch.no_grad():
-        candidates = candidate_mask(log_prob, advantages, response_mask, tau_p)
-    return spurious_among(candidates, entropy, entropy_quantile, group)
+        parts = candidate_parts(log_prob, advantages, response_mask, tau_p)
+    return dataclasses.replace(spurious_among(parts.candidates, entropy, entropy_quantile, group), parts=parts)
 
 
 def spurious_among(
@@ -106,8 +102,7 @@ def spurious_among(
 ) -> S2TDetection:
     """The second half of :func:`detect_spurious`: the candidates below ``tau_h`` (any shape).
 
-    For a caller that already holds the candidate mask (``stapo.masks`` computes the same rule for
-    its quadrant counts). Works at the candidates' positions only, a small share of a batch: their
+    Works at the candidates' positions only, a small share of a batch: their
     entropies are read once by index, and a non-finite one leaves the candidate set.
     """
     check_entropy_quantile(entropy_quantile)
@@ -135,7 +130,3 @@ def spurious_among(
             spurious.view(-1)[positions] = candidate_entropy.to(torch.float64) < tau_h
     return S2TDetection(spurious=spurious, candidates=candidates, tau_h=tau_h, num_candidates=num_candidates)
 
-
-def spurious_mask(log_prob, entropy, advantages, response_mask, **settings) -> torch.Tensor:
-    """True where a token is spurious: ``detect_spurious(...).spurious`` (same keyword settings)."""
-    return detect_spurious(log_prob, entropy, advantages, response_mask, **settings).spurious

@@ -25,7 +25,7 @@ def spurious_records(
     log_prob: torch.Tensor,
     entropy: torch.Tensor,
     decode: Callable[[list[int]], str],
-    context: int = 6,
+    context: int,
     step: int | None = None,
     lengths: list[int] | None = None,
 ) -> list[dict]:

@@ -24,6 +24,7 @@ from stapo.models.generation import load_for_generation
 from stapo.reward.arithmetic import compute_score
 from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
 from stapo.validation import PAPER_ENTROPY_QUANTILE, PAPER_TAU_P
+from stapo.verl_plugin.run_log import SpuriousTokenLog
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -105,7 +106,10 @@ def analyze(
         response_tokens=int(response_mask.sum()),
         seconds=round(time.time() - started, 1),
     )
-    records = spurious_records(responses, built.drop_response, log_prob, entropy, lambda ids: tokenizer.decode(ids))
+    records = spurious_records(
+        responses, built.drop_response, log_prob, entropy, lambda ids: tokenizer.decode(ids),
+        context=SpuriousTokenLog.context,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "s2t_analysis.json").write_text(json.dumps(metrics, indent=2))
     append_jsonl(out_dir / "spurious_tokens.jsonl", records)

@@ -231,7 +231,7 @@ def compute_policy_loss_masked_clip(
     if settings.in_loss:
         mask, scale = _in_loss_mask(settings, log_prob, advantages, mask)
     clip_low, clip_high = clip_bounds(config)
-    clip_c = config.get("clip_ratio_c", 3.0)
+    clip_c = config.clip_ratio_c  # verl's ActorConfig always has it (its own default: 3.0)
     pg_losses, flags = masked_pg_losses(
         old_log_prob, log_prob, advantages, mask, clip_low, clip_high, clip_c, rollout_is_weights
     )

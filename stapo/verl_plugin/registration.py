@@ -20,10 +20,9 @@ def register_all() -> None:
 
 def assert_registered() -> None:
     """Fail loudly when the plugin did not load in this process (e.g. a stale egg-info shadows it)."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
-
-    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
     from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
 

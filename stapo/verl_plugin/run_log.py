@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from stapo.ablation import threshold_grid, token_sample
+from stapo.ablation import DEFAULT_QS, DEFAULT_TAU_PS, threshold_grid, token_sample
 from stapo.spurious_log import LOG_NAME, append_jsonl, spread_evenly, spurious_records, valid_lengths
 
 ABLATION_PREFIX = "actor/stapo/ablation/"
@@ -26,7 +26,10 @@ SAMPLE_NAME = "token_samples.jsonl"
 
 @dataclass(frozen=True)
 class SpuriousTokenLog:
-    """Every ``every`` steps, up to ``max_tokens`` silenced tokens, decoded with ``context`` tokens."""
+    """Every ``every`` steps, up to ``max_tokens`` silenced tokens, decoded with ``context`` tokens.
+
+    The defaults here are the recipe's (``stapo.spurious_log`` in conf/stapo_trainer.yaml spells them
+    out; a test keeps the two equal)."""
 
     path: Path | None
     every: int = 1
@@ -37,9 +40,10 @@ class SpuriousTokenLog:
     def from_config(cls, stapo_config: Any) -> SpuriousTokenLog:
         run_dir = stapo_config.get("run_dir") if stapo_config else None
         settings = (stapo_config.get("spurious_log") if stapo_config else None) or {}
-        every = int(settings.get("every", 1))
+        every = int(settings.get("every", cls.every))
         path = Path(run_dir) / LOG_NAME if run_dir and every > 0 else None
-        return cls(path, every, int(settings.get("max_tokens", 200)), int(settings.get("context", 6)))
+        max_tokens, context = int(settings.get("max_tokens", cls.max_tokens)), int(settings.get("context", cls.context))
+        return cls(path, every, max_tokens, context)
 
     def wants(self, step: int) -> bool:
         return self.path is not None and step % self.every == 0
@@ -64,14 +68,17 @@ class SpuriousTokenLog:
 
 @dataclass(frozen=True)
 class StepDiagnostics:
-    """``stapo.ablation`` (the threshold grid, as metrics) and ``stapo.token_sample`` (run_dir file)."""
+    """``stapo.ablation`` (the threshold grid, as metrics) and ``stapo.token_sample`` (run_dir file).
 
-    ablation_every: int = 0
-    tau_ps: tuple[float, ...] = ()
-    qs: tuple[float, ...] = ()
+    The defaults here are the recipe's (conf/stapo_trainer.yaml spells them out; a test keeps the two
+    equal); a key absent from the config takes them."""
+
+    ablation_every: int = 1
+    tau_ps: tuple[float, ...] = DEFAULT_TAU_PS
+    qs: tuple[float, ...] = DEFAULT_QS
     sample_path: Path | None = None
-    sample_every: int = 0
-    sample_size: int = 0
+    sample_every: int = 1
+    sample_size: int = 2000
 
     @classmethod
     def from_config(cls, stapo_config: Any) -> StepDiagnostics:
@@ -79,14 +86,14 @@ class StepDiagnostics:
         ablation = stapo_config.get("ablation") or {}
         sample = stapo_config.get("token_sample") or {}
         run_dir = stapo_config.get("run_dir")
-        sample_every = int(sample.get("every", 0))
+        sample_every = int(sample.get("every", cls.sample_every))
         return cls(
-            ablation_every=int(ablation.get("every", 0)),
-            tau_ps=tuple(float(v) for v in ablation.get("tau_p", ())),
-            qs=tuple(float(v) for v in ablation.get("q", ())),
+            ablation_every=int(ablation.get("every", cls.ablation_every)),
+            tau_ps=tuple(float(v) for v in ablation.get("tau_p", cls.tau_ps)),
+            qs=tuple(float(v) for v in ablation.get("q", cls.qs)),
             sample_path=Path(run_dir) / SAMPLE_NAME if run_dir and sample_every > 0 else None,
             sample_every=sample_every,
-            sample_size=int(sample.get("size", 0)),
+            sample_size=int(sample.get("size", cls.sample_size)),
         )
 
     def ablation_wanted(self, step: int) -> bool:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stapo.quantile import linear_quantile
-from stapo.s2t import candidate_mask, detect_spurious, spurious_among, spurious_mask
+from stapo.s2t import candidate_parts, detect_spurious, spurious_among
 from stapo.validation import STAPOConfigError
 from tests.reference import reference_candidates, reference_spurious
 
@@ -48,7 +48,7 @@ def test_mask_matches_loop_reference(seed, q):
 
 def test_only_positive_advantage_response_tokens_are_masked():
     log_prob, entropy, advantages, response_mask = random_batch(123, rows=30, cols=60)
-    mask = spurious_mask(log_prob, entropy, advantages, response_mask)
+    mask = detect_spurious(log_prob, entropy, advantages, response_mask).spurious
     assert mask.any()
     assert not (mask & (advantages <= 0)).any()
     assert not (mask & ~response_mask).any()
@@ -59,8 +59,8 @@ def test_per_row_advantages_broadcast_like_token_advantages():
     log_prob, entropy, advantages, response_mask = random_batch(5)
     per_row = advantages[:, 0].clone()
     assert torch.equal(
-        spurious_mask(log_prob, entropy, per_row, response_mask),
-        spurious_mask(log_prob, entropy, advantages, response_mask),
+        detect_spurious(log_prob, entropy, per_row, response_mask).spurious,
+        detect_spurious(log_prob, entropy, advantages, response_mask).spurious,
     )
 
 
@@ -73,7 +73,7 @@ def test_no_candidates_masks_nothing():
 
 def test_zero_advantages_mask_nothing():
     log_prob, entropy, advantages, response_mask = random_batch(2)
-    assert not spurious_mask(log_prob, entropy, torch.zeros_like(advantages), response_mask).any()
+    assert not detect_spurious(log_prob, entropy, torch.zeros_like(advantages), response_mask).spurious.any()
 
 
 def test_one_candidate_is_never_below_its_own_threshold():
@@ -150,12 +150,12 @@ def test_nan_entropy_is_neither_ranked_nor_masked():
 def test_bad_settings_name_the_setting_and_range(kwargs, name):
     log_prob, entropy, advantages, response_mask = random_batch(0)
     with pytest.raises(STAPOConfigError, match=rf"{name} must"):
-        spurious_mask(log_prob, entropy, advantages, response_mask, **kwargs)
+        detect_spurious(log_prob, entropy, advantages, response_mask, **kwargs).spurious
 
 
 def test_shape_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="share one shape"):
-        spurious_mask(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3, dtype=torch.bool))
+        detect_spurious(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3, dtype=torch.bool)).spurious
     # the second half alone reads entropies by flat position: (3, 2) has as many values as (2, 3) but
     # other tokens at them, so it must be refused, not read
     with pytest.raises(ValueError, match="share one shape"):
@@ -185,7 +185,7 @@ def test_linear_quantile_above_torch_quantile_limit():
 
 
 def test_candidates_are_the_loop_references_candidates_including_nonfinite_entropy():
-    """candidate_mask ignores entropy; detect_spurious' candidates also need a finite entropy to rank."""
+    """The candidate rule ignores entropy; detect_spurious' candidates also need a finite entropy to rank."""
     log_prob, entropy, advantages, response_mask = random_batch(4)
     entropy[2:5, :6] = float("nan")
     advantages = advantages.abs() + 0.1
@@ -194,7 +194,7 @@ def test_candidates_are_the_loop_references_candidates_including_nonfinite_entro
     )}
     detection = detect_spurious(log_prob, entropy, advantages, response_mask)
     assert {tuple(x) for x in detection.candidates.nonzero().tolist()} == expected
-    plain = candidate_mask(log_prob, advantages, response_mask, 0.002)
+    plain = candidate_parts(log_prob, advantages, response_mask, 0.002).candidates
     assert (plain & ~detection.candidates).any()  # the NaN-entropy candidates, left out of the threshold
     assert not (plain & ~detection.candidates & torch.isfinite(entropy)).any()
     assert detection.num_candidates == len(expected)

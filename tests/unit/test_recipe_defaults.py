@@ -1,0 +1,33 @@
+"""The diagnostics' defaults are written once, in the classes that read them; the recipe's yaml spells
+them out for the reader and may not drift from them (as tests/unit/test_mask_defaults.py for the masks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics
+
+RECIPE = Path(__file__).resolve().parents[2] / "conf" / "stapo_trainer.yaml"
+
+
+def test_recipe_yaml_spells_out_the_diagnostics_defaults():
+    stapo = OmegaConf.load(RECIPE).stapo
+    assert dict(stapo.spurious_log) == {
+        "every": SpuriousTokenLog.every,
+        "max_tokens": SpuriousTokenLog.max_tokens,
+        "context": SpuriousTokenLog.context,
+    }
+    assert stapo.ablation.every == StepDiagnostics.ablation_every
+    assert tuple(stapo.ablation.tau_p) == StepDiagnostics.tau_ps
+    assert tuple(stapo.ablation.q) == StepDiagnostics.qs
+    assert (stapo.token_sample.every, stapo.token_sample.size) == (StepDiagnostics.sample_every,
+                                                                   StepDiagnostics.sample_size)
+
+
+def test_absent_keys_take_the_same_defaults_as_the_yaml(tmp_path):
+    from_yaml = OmegaConf.load(RECIPE).stapo
+    from_yaml.run_dir = str(tmp_path)
+    assert SpuriousTokenLog.from_config({"run_dir": str(tmp_path)}) == SpuriousTokenLog.from_config(from_yaml)
+    assert StepDiagnostics.from_config({"run_dir": str(tmp_path)}) == StepDiagnostics.from_config(from_yaml)
