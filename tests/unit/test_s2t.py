@@ -155,7 +155,7 @@ def test_bad_settings_name_the_setting_and_range(kwargs, name):
 
 def test_shape_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="share one shape"):
-        detect_spurious(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3, dtype=torch.bool)).spurious
+        detect_spurious(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2), torch.ones(2, 3, dtype=torch.bool))
     # the second half alone reads entropies by flat position: (3, 2) has as many values as (2, 3) but
     # other tokens at them, so it must be refused, not read
     with pytest.raises(ValueError, match="share one shape"):
