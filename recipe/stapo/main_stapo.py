@@ -3,9 +3,18 @@
 As verl's ``main_dapo``: compose the config (``conf/stapo_trainer.yaml``: verl's ``ppo_trainer`` +
 an ``algo``, a ``model_preset`` and optionally a ``logger`` preset), prepare what the driver must
 (CPU back-end, checks, local model, generated data, loggers), then run verl's own ``run_ppo``.
+
+A refused setting (``STAPOConfigError``, Hydra's misspelt key or preset) is one line on stderr,
+``stapo: <message>``, and exit code 2, before Ray starts and before Hydra writes or echoes anything
+(``main`` composes the overrides once itself first); ``STAPO_DEBUG=1`` adds the traceback.
+``--cfg job`` checks the settings before printing the config; ``stapo check`` also checks the paths.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import traceback
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -18,6 +27,7 @@ CONF_DIR = config_dir()
 def prepare(config: DictConfig) -> DictConfig:
     """Everything that must happen on the driver before verl: back-end, checks, model, data, loggers."""
     from stapo.data.tasks import ensure_task_data
+    from stapo.input_checks import check_inputs
     from stapo.models.local import resolve_model_path
     from stapo.rundir import write_config
     from stapo.verl_plugin.cpu import enable_for_run
@@ -35,6 +45,8 @@ def prepare(config: DictConfig) -> DictConfig:
         print(f"[stapo] paired rollouts (docs/reproducibility.md): {setting}", flush=True)
     assert_registered()
     validate_run_config(config)
+    for note in check_inputs(config):
+        print(f"[stapo] {note}", flush=True)
     stapo = config.stapo
     with open_dict(config):
         config.actor_rollout_ref.model.path = resolve_model_path(config.actor_rollout_ref.model.path)
@@ -54,8 +66,7 @@ def prepare(config: DictConfig) -> DictConfig:
     return config
 
 
-@hydra.main(config_path=CONF_DIR, config_name=CONFIG_NAME, version_base=None)
-def main(config: DictConfig) -> None:
+def run(config: DictConfig) -> None:
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -66,6 +77,52 @@ def main(config: DictConfig) -> None:
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     print(OmegaConf.to_yaml(config.actor_rollout_ref.actor.policy_loss), flush=True)
     run_ppo(config, task_runner_class=TaskRunnerV1)
+
+
+def refuse(error: Exception) -> None:
+    """The one line of a refused setting, exit code 2 (the same on every `stapo` command)."""
+    from stapo.validation import refusal_line
+
+    if os.environ.get("STAPO_DEBUG") == "1":
+        traceback.print_exception(error)
+    print(refusal_line(error), file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+@hydra.main(config_path=CONF_DIR, config_name=CONFIG_NAME, version_base=None)
+def hydra_main(config: DictConfig) -> None:
+    from stapo.validation import STAPOConfigError
+
+    try:
+        run(config)
+    except STAPOConfigError as error:
+        refuse(error)
+    except Exception:  # a failure of the run: its traceback, without Hydra's echo of the overrides
+        traceback.print_exc()
+        sys.exit(1)
+
+
+def main() -> None:
+    """Compose once with Hydra's compose API (same config folder, same overrides) to refuse a misspelt key
+    or a bad setting in one line, then hand over to ``hydra_main`` (the run, ``--cfg``, ``--help``)."""
+    from hydra._internal.utils import get_args_parser
+
+    from stapo.validation import STAPOConfigError
+
+    args, _ = get_args_parser().parse_known_args(sys.argv[1:])
+    hydra_only = (args.help or args.hydra_help or args.info or args.shell_completion or args.multirun or args.experimental_rerun
+                  or args.cfg == "hydra" or args.config_path or args.config_name or args.config_dir)
+    if not hydra_only:
+        from stapo.check import compose_run
+        from stapo.verl_plugin.run_checks import validate_run_config
+
+        try:
+            config = compose_run(args.overrides)
+            if args.cfg:  # --cfg job|all prints the config: only a config the run would accept
+                validate_run_config(config)
+        except STAPOConfigError as error:
+            refuse(error)
+    hydra_main()
 
 
 if __name__ == "__main__":

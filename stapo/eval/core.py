@@ -1,4 +1,4 @@
-"""The paper's evaluation protocol (spec section 6): avg@N per benchmark, two decoding settings.
+"""The paper's evaluation protocol: avg@N per benchmark, two decoding settings.
 
 avg@N = mean over prompts of the fraction of its N samples the reward accepts, in percent.
 Generation is a pluggable back-end (vLLM on GPUs, HF ``generate`` on CPU); scoring is the same

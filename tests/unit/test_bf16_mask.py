@@ -1,4 +1,4 @@
-"""fp32 vs bf16 agree on the S2T mask (issue 13: bf16 on the CPU back-end).
+"""fp32 vs bf16 agree on the S2T mask (bf16 on the CPU back-end).
 
 What "agree" can mean when bf16 rounds p and H:
 
