@@ -80,3 +80,10 @@ def test_pin_keeps_what_the_user_chose():
     assert pin_reproducibility(config) == []
     assert config.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
     assert config.trainer.v1.sampler.custom_sampler.name is None
+
+
+def test_finished_rollouts_are_polled_often_enough_for_a_tiny_model():
+    """verl's default 2 s poll would round every generation up to a multiple of 2 s."""
+    from stapo.verl_plugin.replay_order import POLL_INTERVAL_S
+
+    assert _buffer().poll_interval == POLL_INTERVAL_S <= 0.1
