@@ -1,9 +1,18 @@
-"""Every bench algorithm runs one real step of the tiny trainer (Ray + FSDP2/gloo + rollout + reward + update).
+"""The bench's objectives train through the real tiny trainer (Ray + FSDP2/gloo + rollout + reward + update).
 
-TRL-style smoke check per algorithm: the run exits cleanly, the policy loss is finite, the gradient
-is non-zero and the saved weights differ from the initial ones. One step, the smallest batch
-(2 prompts x 4 responses, one mini-batch): the cost is mostly Ray and worker start-up.
-No mock: only the GPU is absent (the project's CPU back-end).
+TRL-style smoke check: the run exits cleanly, the policy loss is finite, the gradient is non-zero and
+the saved weights differ from the initial ones. No mock: only the GPU is absent (the project's CPU
+back-end).
+
+End to end, only what proves the plumbing: each preset is a Hydra file over one trainer, and what
+differs between presets is the loss maths, checked per preset in-process (tests/bench/
+test_algo_presets.py composes every preset; tests/integration/test_preset_losses.py runs each
+preset's loss). The trainer runs here cover the three ways a loss reaches verl's update:
+- the masked_clip objective with the S2T mask folded into the loss: the suite's shared STAPO run;
+- masked_clip with the 20-Entropy token mask: the suite's shared entropy20 run;
+- one of verl's own registered losses (gspo, with its sequence-level aggregation), one step of
+  the smallest batch (2 prompts x 4 responses, one mini-batch), the bench presets' token_mask none.
+The shared runs are in tests/e2e/shared_runs.py.
 """
 
 from __future__ import annotations
@@ -14,10 +23,14 @@ import time
 import pytest
 import torch
 
-from tests.bench.test_algo_presets import BENCH_ALGOS
+from tests.bench.test_algo_presets import BENCH_ALGOS, PAPER_VALUES
 from tests.e2e.cpu_runs import run_recipe
 
+# a shared run's time counts against the first test that asks for it
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+# one bench preset whose loss is verl's own (POLICY_LOSS_REGISTRY), not the recipe's masked_clip
+VERL_LOSS_ALGO = "gspo"
 
 SMALLEST = [
     "trainer.total_training_steps=1",
@@ -30,11 +43,11 @@ SMALLEST = [
 ]
 
 
-def weights_changed(ckpt_dir, initial_path: str) -> int:
-    """How many tensors of the step-1 checkpoint differ from the initial model (world size 1: whole tensors)."""
+def weights_changed(ckpt_dir, initial_path: str, step: int = 1) -> int:
+    """How many tensors of the step's checkpoint differ from the initial model (world size 1: whole tensors)."""
     from transformers import AutoModelForCausalLM
 
-    saved = torch.load(ckpt_dir / "global_step_1" / "actor" / "model_world_size_1_rank_0.pt", weights_only=False)
+    saved = torch.load(ckpt_dir / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt", weights_only=False)
     initial = AutoModelForCausalLM.from_pretrained(initial_path).state_dict()
     changed = 0
     for name, value in saved.items():
@@ -43,19 +56,39 @@ def weights_changed(ckpt_dir, initial_path: str) -> int:
     return changed
 
 
-@pytest.mark.parametrize("algo", BENCH_ALGOS)
-def test_one_step_of_every_algorithm(tmp_path, algo):
+def _assert_trained(run, step_metrics: list[dict[str, float]]) -> None:
+    assert run.returncode == 0, run.log[-6000:]
+    for metrics in step_metrics:
+        assert math.isfinite(metrics["actor/pg_loss"]), metrics
+    assert any(metrics["actor/grad_norm"] > 0 for metrics in step_metrics), step_metrics
+
+
+def test_one_step_of_a_verl_registered_loss(tmp_path):
     from stapo.models.tiny import build_tiny_model
 
-    overrides = [f"algo={algo}", *SMALLEST]
+    assert VERL_LOSS_ALGO in BENCH_ALGOS
+    assert PAPER_VALUES[VERL_LOSS_ALGO]["actor_rollout_ref.actor.policy_loss.loss_mode"] != "masked_clip"
     started = time.time()
-    run = run_recipe(overrides, tmp_path / "ckpt", timeout=800)
-    tail = run.log[-6000:]
-    assert run.returncode == 0, tail
-    assert sorted(run.steps) == [1], tail
+    run = run_recipe([f"algo={VERL_LOSS_ALGO}", *SMALLEST], tmp_path / "ckpt", timeout=800)
+    assert sorted(run.steps) == [1], run.log[-6000:]
     metrics = run.steps[1]
-    assert math.isfinite(metrics["actor/pg_loss"]), metrics
+    _assert_trained(run, [metrics])
     assert metrics["actor/grad_norm"] > 0, metrics
     assert "actor/stapo/mask_ratio" not in metrics  # token_mask none: nothing folded
     assert weights_changed(tmp_path / "ckpt", build_tiny_model()) > 0
-    print(f"[bench] {algo}: one step in {time.time() - started:.0f} s (peak RSS {run.peak_rss_bytes / 2**30:.2f} GiB)")
+    print(
+        f"[bench] {VERL_LOSS_ALGO}: one step in {time.time() - started:.0f} s "
+        f"(peak RSS {run.peak_rss_bytes / 2**30:.2f} GiB)"
+    )
+
+
+@pytest.mark.parametrize("shared, step", [("stapo_run", 4), ("entropy20_run", 2)])
+def test_the_masked_objectives_train(request, shared, step):
+    """The shared STAPO run (S2T mask folded) and entropy20 run (top-20% entropy mask) update the policy."""
+    from stapo.models.tiny import build_tiny_model
+
+    shared_run = request.getfixturevalue(shared)
+    run = shared_run.run
+    assert max(run.steps) == step, run.log[-6000:]
+    _assert_trained(run, [run.steps[s] for s in sorted(run.steps)])
+    assert weights_changed(shared_run.ckpt, build_tiny_model(), step) > 0

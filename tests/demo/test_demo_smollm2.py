@@ -27,6 +27,7 @@ def stapo_cli(*args: str, timeout: int) -> subprocess.CompletedProcess:
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow  # SmolLM2-135M: converted once, then a batch of real rollouts; 1-2.5 min on 2 cores
 def test_demo_analysis_runs_on_real_weights(tmp_path):
     out = tmp_path / "run"
     proc = stapo_cli(

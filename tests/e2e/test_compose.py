@@ -1,6 +1,7 @@
 """Every model preset x algorithm composes through Hydra, passes verl's own checks, and carries the spec's values.
 
-Fast (no Ray, no model): not marked e2e, runs in `make test-fast` too.
+Fast (no Ray, no model): not marked e2e, runs in `make test-fast` too, except the two `--cfg job` runs of
+the entry point (a fresh interpreter each, about 10 s apiece on 2 cores), which are marked slow.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def test_cli_overrides_reach_the_config():
          ["loss_mode: masked_clip", "token_mask: stapo", "path: stapo://tiny", "name: stapo_hf", "device: cpu"]),
     ],
 )
+@pytest.mark.slow
 def test_cfg_job_prints_the_composed_config(preset, algo, expected):
     out = subprocess.run(
         [sys.executable, "-m", "recipe.stapo.main_stapo", f"model_preset={preset}", f"algo={algo}", "--cfg", "job"],

@@ -16,6 +16,7 @@ import pytest
 
 from stapo.rundir import metric_segments, read_metrics
 from tests.e2e.cpu_runs import run_recipe
+from tests.e2e.shared_runs import STAPO as SHARED_STAPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -40,18 +41,17 @@ def _kill_at_step(step: int, signal_number: int = signal.SIGKILL):
     return on_line
 
 
-def test_sigkilled_run_resumes_from_its_checkpoint_with_the_same_data_order(tmp_path):
-    common = ["algo=stapo", "trainer.total_training_steps=4", "trainer.save_freq=2"]
-    reference = run_recipe(
-        common + [f"trainer.rollout_data_dir={tmp_path / 'ref_rollouts'}", "trainer.save_freq=-1"],
-        tmp_path / "ref_ckpt",
-    )
+@pytest.mark.timeout(2400)  # up to three runs: the shared reference (if no test ran it before), killed, resumed
+def test_sigkilled_run_resumes_from_its_checkpoint_with_the_same_data_order(stapo_run, tmp_path):
+    # the reference is the suite's shared STAPO run (tests/e2e/shared_runs.py): this very configuration
+    # (4 steps, a checkpoint every 2, run folder, rollout dump), never interrupted
+    reference = stapo_run.run
     assert reference.returncode == 0, reference.log[-4000:]
-    expected = _prompts_per_step(tmp_path / "ref_rollouts")
+    expected = _prompts_per_step(stapo_run.rollouts)
     assert sorted(expected) == [1, 2, 3, 4]
 
     ckpt, run_dir, rollouts = tmp_path / "ckpt", tmp_path / "run", tmp_path / "rollouts"
-    overrides = common + [f"stapo.run_dir={run_dir}", f"trainer.rollout_data_dir={rollouts}"]
+    overrides = [*SHARED_STAPO, f"stapo.run_dir={run_dir}", f"trainer.rollout_data_dir={rollouts}"]
     killed = run_recipe(overrides, ckpt, on_line=_kill_at_step(3))
     assert killed.returncode == -signal.SIGKILL, killed.log[-4000:]
     assert sorted(killed.steps) == [1, 2, 3]
@@ -61,6 +61,7 @@ def test_sigkilled_run_resumes_from_its_checkpoint_with_the_same_data_order(tmp_
     resumed = run_recipe(overrides + ["trainer.resume_mode=auto"], ckpt)
     assert resumed.returncode == 0, resumed.log[-4000:]
     assert sorted(resumed.steps) == [3, 4]  # step 3 again (after the checkpoint), nothing before it
+    assert "global_step_2" in resumed.log  # loaded from the step-2 checkpoint
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     # the same prompts at every step as the run that was never interrupted (data order restored)
     assert _prompts_per_step(rollouts) == expected

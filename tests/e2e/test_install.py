@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# builds a wheel and composes in fresh interpreters: about a minute on 2 cores, so not in `make test-fast`
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "runs", "outputs", "__pycache__", "*.egg-info")
 

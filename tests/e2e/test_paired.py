@@ -31,9 +31,13 @@ def _run(tmp_path, name: str, overrides: list[str]) -> Run:
     return run_recipe([*overrides, *common], tmp_path / name)
 
 
-def test_stapo_that_silences_nothing_is_grpo(tmp_path):
-    """algo=stapo with a tau_p no token is below, and grpo's clip and KL, equals algo=grpo exactly."""
-    grpo = _run(tmp_path, "grpo", ["algo=grpo"])
+def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
+    """algo=stapo with a tau_p no token is below, and grpo's clip and KL, equals algo=grpo exactly.
+
+    algo=grpo is the suite's shared GRPO run (tests/e2e/shared_runs.py: 2 steps, no checkpoint, a
+    rollout dump, the CPU back-end switched on by the driver instead of the preset's runtime env)."""
+    assert grpo_run.overrides[:3] == ["algo=grpo", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
+    grpo = grpo_run.run
     stapo = _run(
         tmp_path,
         "stapo",

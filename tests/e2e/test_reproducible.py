@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from tests.e2e.cpu_runs import Run, run_recipe
+from tests.e2e.shared_runs import GRPO, SharedRun, launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -39,26 +39,18 @@ def _rollouts(folder, step: int) -> list[tuple]:
     return sorted((row["input"], row["output"], row["score"]) for row in rows)
 
 
-def _run(tmp_path, name: str, algo: str) -> tuple[Run, object]:
-    dump = tmp_path / f"{name}_rollouts"
-    run = run_recipe(
-        [
-            f"algo={algo}",
-            f"trainer.total_training_steps={len(STEPS)}",
-            "trainer.save_freq=-1",
-            f"trainer.rollout_data_dir={dump}",
-        ],
-        tmp_path / f"{name}_ckpt",
-    )
-    assert run.returncode == 0, run.log[-6000:]
-    assert sorted(run.steps) == STEPS, run.log[-6000:]
-    return run, dump
+def _dump(shared: SharedRun):
+    assert shared.run.returncode == 0, shared.tail()
+    assert sorted(shared.steps) == STEPS, shared.tail()
+    return shared.run, shared.rollouts
 
 
 @pytest.fixture(scope="module")
-def grpo_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("repro")
-    return _run(tmp, "grpo_a", "grpo"), _run(tmp, "grpo_b", "grpo")
+def grpo_runs(grpo_run, tmp_path_factory):
+    """Two launches of one configuration: the suite's shared GRPO run (tests/e2e/shared_runs.py) and
+    the same overrides once more."""
+    again = launch(tmp_path_factory.mktemp("repro"), GRPO, rollouts=True)
+    return _dump(grpo_run), _dump(again)
 
 
 def test_same_config_gives_identical_metrics_every_step(grpo_runs):
@@ -82,9 +74,12 @@ def test_same_config_gives_identical_metrics_every_step(grpo_runs):
     )
 
 
-def test_grpo_and_stapo_see_identical_first_rollouts(grpo_runs, tmp_path):
-    (grpo, grpo_dump), _ = grpo_runs
-    stapo, stapo_dump = _run(tmp_path, "stapo", "stapo")
+def test_grpo_and_stapo_see_identical_first_rollouts(grpo_run, stapo_run):
+    """The shared GRPO and STAPO runs (4 steps; step 1 is before any update, so the step count is no
+    difference)."""
+    grpo, grpo_dump = _dump(grpo_run)
+    stapo, stapo_dump = stapo_run.run, stapo_run.rollouts
+    assert stapo.returncode == 0, stapo_run.tail()
     for key in (
         "critic/score/mean",
         "critic/score/max",

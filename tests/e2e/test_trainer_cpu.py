@@ -1,6 +1,7 @@
 """The whole STAPO loop through verl's real trainer on the CPU (Ray + FSDP2/gloo + rollout + ref + reward).
 
-No mock: the only thing missing is a GPU, replaced by the project's CPU back-end.
+No mock: the only thing missing is a GPU, replaced by the project's CPU back-end. The STAPO, GRPO and
+20-Entropy runs are the suite's shared runs (tests/e2e/shared_runs.py), which other modules read too.
 """
 
 from __future__ import annotations
@@ -45,15 +46,17 @@ def _first_shard_changed(ckpt_dir, step: int, initial_path: str) -> bool:
     return changed > 0
 
 
-def test_stapo_trains_checkpoints_and_resumes(tmp_path):
+def test_stapo_trains_and_checkpoints(stapo_run):
+    """The shared STAPO run (tests/e2e/shared_runs.py): 4 steps, checkpoints at 2 and 4, the run folder.
+
+    Resuming from its checkpoint is proved by tests/e2e/test_faults.py, which SIGKILLs the same
+    configuration after step 3, resumes it and checks the data order against this run."""
     from stapo.models.tiny import build_tiny_model
 
-    ckpt, run_dir = tmp_path / "ckpt", tmp_path / "run"
-    first = run_recipe(
-        ["algo=stapo", "trainer.total_training_steps=2", "trainer.save_freq=2", f"stapo.run_dir={run_dir}"], ckpt
-    )
-    _assert_ok(first, [1, 2])
-    stapo_metrics = [first.steps[s] for s in (1, 2)]
+    first, ckpt, run_dir = stapo_run.run, stapo_run.ckpt, stapo_run.run_dir
+    steps = [1, 2, 3, 4]
+    _assert_ok(first, steps)
+    stapo_metrics = [first.steps[s] for s in steps]
     for metrics in stapo_metrics:
         for key in ("mask_ratio", "num_candidates", "num_spurious", "tau_h", "entropy_p50", "quadrant/lowp_lowh"):
             assert f"actor/stapo/{key}" in metrics, sorted(metrics)
@@ -66,28 +69,25 @@ def test_stapo_trains_checkpoints_and_resumes(tmp_path):
         assert metrics[f"{cell}/mask_ratio"] == metrics["actor/stapo/mask_ratio"]
         assert "actor/stapo/ablation/neg/tau_p=0.01,q=1/num_candidates" in metrics
     samples = [json.loads(line) for line in (run_dir / "token_samples.jsonl").read_text().splitlines()]
-    assert {r["step"] for r in samples} == {1, 2} and all(0 < r["prob"] <= 1 for r in samples)
+    assert {r["step"] for r in samples} == set(steps) and all(0 < r["prob"] <= 1 for r in samples)
     assert any(m["actor/grad_norm"] > 0 for m in stapo_metrics)
     # the run folder: every silenced token of each step logged (up to the cap), decoded, with p < tau_p
     records = [json.loads(line) for line in (run_dir / "spurious_tokens.jsonl").read_text().splitlines()]
-    for step in (1, 2):
+    for step in steps:
         logged = [r for r in records if r["step"] == step]
         assert len(logged) == min(200, int(first.steps[step]["actor/stapo/num_spurious"])), step
         assert all(r["prob"] < 0.002 and isinstance(r["token"], str) for r in logged)
     assert "token_mask: stapo" in (run_dir / "config.yaml").read_text()
-    assert set(read_metrics(run_dir)) == {1, 2}
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert set(read_metrics(run_dir)) == set(steps)
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     # verl's sync-trainer branches: no TransferQueue snapshot in the checkpoint, gen_batch_size kept
-    saved = sorted(path.name for path in (ckpt / "global_step_2").iterdir())
-    assert "transfer_queue" not in saved, saved
+    for step in (2, 4):
+        saved = sorted(path.name for path in (ckpt / f"global_step_{step}").iterdir())
+        assert "transfer_queue" not in saved, saved
     assert "gen_batch_size defaulted to 1" not in first.log
-    assert _first_shard_changed(ckpt, 2, build_tiny_model())
+    assert _first_shard_changed(ckpt, 4, build_tiny_model())
     assert first.peak_rss_bytes < 8 * GIB, f"peak RSS {first.peak_rss_bytes / GIB:.2f} GiB"
-    print(f"[e2e] stapo ws=1: {first.seconds:.0f} s, peak RSS {first.peak_rss_bytes / GIB:.2f} GiB")
-
-    resumed = run_recipe(["algo=stapo", "trainer.total_training_steps=3", "trainer.resume_mode=auto"], ckpt)
-    _assert_ok(resumed, [3])  # continues from the saved step 2: step 1 and 2 are not run again
-    assert "global_step_2" in resumed.log
+    print(f"[e2e] stapo ws=1, 4 steps: {first.seconds:.0f} s, peak RSS {first.peak_rss_bytes / GIB:.2f} GiB")
 
 
 def test_stapo_with_two_fsdp_ranks_over_gloo(tmp_path):
@@ -111,24 +111,25 @@ def test_stapo_with_two_fsdp_ranks_over_gloo(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "algo, expected_key",
+    "shared, expected_key",
     # justrl (stapo's recipe with token_mask=none) is run by tests/e2e/test_paired.py; its only differences from grpo
     # are config values that tests/e2e/test_compose.py checks; one more trainer run costs ~100 s
-    [("grpo", "actor/kl_loss"), ("entropy20", "actor/stapo/keep_ratio")],
+    [("grpo_run", "actor/kl_loss"), ("entropy20_run", "actor/stapo/keep_ratio")],
 )
-def test_baselines_run_through_the_same_trainer(tmp_path, algo, expected_key):
-    overrides = [f"algo={algo}", "trainer.total_training_steps=2", "trainer.save_freq=-1"]
-    if algo == "grpo":
-        # without the preset's STAPO_CPU_BACKEND: trainer.device=cpu on a machine without CUDA is
-        # enough, the driver switches the back-end on and hands the flag to the workers
-        assert not torch.cuda.is_available()
-        overrides.append("~ray_kwargs.ray_init.runtime_env.env_vars.STAPO_CPU_BACKEND")
-    run = run_recipe(overrides, tmp_path / "ckpt")
+def test_baselines_run_through_the_same_trainer(request, shared, expected_key):
+    """The shared grpo and entropy20 runs (tests/e2e/shared_runs.py). The grpo run starts without the
+    preset's STAPO_CPU_BACKEND: trainer.device=cpu on a machine without CUDA is enough, the driver
+    switches the back-end on and hands the flag to the workers."""
+    assert not torch.cuda.is_available()
+    shared_run = request.getfixturevalue(shared)
+    if shared == "grpo_run":
+        assert "~ray_kwargs.ray_init.runtime_env.env_vars.STAPO_CPU_BACKEND" in shared_run.overrides
+    run = shared_run.run
     _assert_ok(run, [1, 2])
     assert all(expected_key in run.steps[s] for s in (1, 2)), sorted(run.steps[1])
-    if algo == "entropy20":
+    if shared == "entropy20_run":
         assert 0.15 < run.steps[1]["actor/stapo/keep_ratio"] < 0.3
-    if algo != "entropy20":
+    else:
         assert "actor/stapo/mask_ratio" not in run.steps[1]
 
 

@@ -1,7 +1,8 @@
-"""`stapo export` on a checkpoint the real trainer wrote: the tiny CPU run (2 steps, saved at step 2,
-with a run folder), exported once through the command line and reused by every test of this module.
+"""`stapo export` on a checkpoint the real trainer wrote: the suite's shared tiny STAPO run
+(tests/e2e/shared_runs.py: 4 steps, checkpoints at steps 2 and 4, with a run folder), exported once
+through the command line and reused by every test of this module.
 
-The reference for the log-probs is independent of the export: the actor's FSDP shard of step 2,
+The reference for the log-probs is independent of the export: the actor's FSDP shard of step 4,
 loaded with plain torch into the architecture of the checkpoint's own ``huggingface/config.json``.
 """
 
@@ -18,29 +19,27 @@ import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from stapo.rundir import read_metrics
-from tests.e2e.cpu_runs import REPO, run_recipe
+from tests.e2e.cpu_runs import REPO
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-STEP = 2
+# the shared run's time counts against the first test here when no earlier module ran it
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+STEP = 4  # the shared run's last step: what `stapo export RUN_DIR` picks
 PROMPT = "Count the letters: a b c a b. Answer:"
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(stapo_run, tmp_path_factory):
+    assert stapo_run.run.returncode == 0, stapo_run.tail(4000)
+    assert f"trainer.total_training_steps={STEP}" in stapo_run.overrides
     root = tmp_path_factory.mktemp("export")
-    ckpt, run_dir = root / "ckpt", root / "run"
-    run = run_recipe(
-        ["algo=stapo", f"trainer.total_training_steps={STEP}", f"trainer.save_freq={STEP}", f"stapo.run_dir={run_dir}"],
-        ckpt,
-    )
-    assert run.returncode == 0, run.log[-4000:]
+    ckpt, run_dir = stapo_run.ckpt, stapo_run.run_dir
     out = root / "hf"
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "stapo.cli", "export", str(run_dir), str(out)],
         check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
     )
-    print(f"[export] trainer {run.seconds:.0f} s, export {time.monotonic() - started:.1f} s")
+    print(f"[export] trainer {stapo_run.run.seconds:.0f} s, export {time.monotonic() - started:.1f} s")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"exported step {STEP} of {ckpt}" in result.stdout
     return {"ckpt": ckpt, "run_dir": run_dir, "out": out, "root": root}
@@ -114,6 +113,10 @@ def test_export_of_a_chosen_step_from_the_checkpoint_folder(trained, tmp_path):
     out = tmp_path / "again"
     assert main([str(trained["ckpt"]), str(out), "--step", str(STEP), "--run-dir", str(trained["run_dir"])]) == 0
     assert (out / "model.safetensors").read_bytes() == (trained["out"] / "model.safetensors").read_bytes()
+    # an earlier checkpoint of the same run is another model
+    earlier = tmp_path / "step2"
+    assert main([str(trained["ckpt"]), str(earlier), "--step", "2", "--run-dir", str(trained["run_dir"])]) == 0
+    assert (earlier / "model.safetensors").read_bytes() != (out / "model.safetensors").read_bytes()
     assert main([str(trained["ckpt"]), str(tmp_path / "none"), "--step", "1"]) == 2
 
 

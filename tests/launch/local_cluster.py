@@ -14,6 +14,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,3 +214,16 @@ def start_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+def smoke(cluster: LocalCluster, *overrides: str) -> subprocess.CompletedProcess:
+    """`stapo doctor --smoke --json` with the tiny CPU preset in place of the GPU smoke preset, 2 nodes x 1 slot."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "stapo.cli", "doctor", "--smoke", "--json", "--address", cluster.dashboard_url,
+         "model_preset=tiny", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",
+         *overrides],
+        check=False, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=900,
+    )
+    print(f"[smoke] {' '.join(overrides)}: rc={result.returncode} in {time.monotonic() - started:.0f} s")
+    return result

@@ -3,8 +3,10 @@ start_worker.sh with one logical GPU slot each (the CPU back-end's resource is a
 the preflight against it, then the tiny CPU STAPO run submitted through launch/ray/submit.sh with
 trainer.nnodes=2 trainer.n_gpus_per_node=1 (one FSDP rank per node), then the cluster is stopped.
 
-Only the processes the scripts started are signalled; nothing calls `ray stop` (other people run
-Ray on the same machine).
+The cluster and the job are shared with tests/launch/test_smoke_cluster.py (tests/launch/conftest.py):
+one cluster for the package, stopped after its last test, and its teardown checks that nothing of
+it is left. Only the processes the scripts started are signalled; nothing calls `ray stop` (other
+people run Ray on the same machine).
 """
 
 from __future__ import annotations
@@ -17,21 +19,9 @@ import time
 
 import pytest
 
-from tests.launch.local_cluster import REPO, LocalCluster, start_cluster
+from tests.launch.local_cluster import REPO, LocalCluster
 
 pytestmark = [pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray")  # short: Ray's socket paths are limited to ~107 characters
-    shared = tmp_path_factory.mktemp("shared")
-    started = time.monotonic()
-    cluster = start_cluster(root, shared, num_cpus=8, num_gpus=1)
-    print(f"[launch] two-node cluster up in {time.monotonic() - started:.1f} s at {cluster.gcs_address}")
-    cluster.shared = shared
-    yield cluster
-    cluster.stop()
 
 
 def _doctor(cluster: LocalCluster, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -108,44 +98,18 @@ def test_preflight_names_what_is_wrong(cluster, tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(600)
-def test_tiny_stapo_job_on_two_nodes_through_submit_sh(cluster):
-    ckpt = cluster.shared / "job-ckpt"
-    job_id = f"stapo-test-{int(time.time())}"
-    env = dict(cluster.env, RAY_ADDRESS=cluster.dashboard_url, STAPO_WAIT="1", STAPO_JOB_ID=job_id)
-    started = time.monotonic()
-    try:
-        result = subprocess.run(
-            [
-                "bash",
-                "launch/ray/submit.sh",
-                "model_preset=tiny",
-                "algo=stapo",
-                "trainer.nnodes=2",
-                "trainer.n_gpus_per_node=1",
-                "trainer.total_training_steps=2",
-                "trainer.save_freq=2",
-                f"trainer.default_local_dir={ckpt}",
-            ],
-            check=False,
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=480,
-        )
-    except subprocess.TimeoutExpired:
-        subprocess.run(
-            ["ray", "job", "stop", "--address", cluster.dashboard_url, job_id], check=False, env=env, timeout=60
-        )
-        raise
-    seconds = time.monotonic() - started
-    log = result.stdout + result.stderr
-    print(f"[launch] tiny STAPO job, 2 nodes x 1 slot, 2 steps, submitted with submit.sh: {seconds:.0f} s")
-    assert result.returncode == 0, log[-8000:]
-    assert f"job {job_id} succeeded" in result.stderr
-    assert f"ray job logs --address {cluster.dashboard_url} --follow {job_id}" in result.stderr
-    assert f"ray job stop --address {cluster.dashboard_url} {job_id}" in result.stderr
+@pytest.mark.timeout(1000)  # the shared job (tests/launch/conftest.py) runs in the first test that asks for it
+def test_tiny_stapo_job_on_two_nodes_through_submit_sh(cluster, two_node_job):
+    """The package's one two-node job: `stapo doctor --smoke` submitted it with launch/ray/submit.sh
+    (STAPO_WAIT=1) and kept submit.sh's whole output; tests/launch/test_smoke_cluster.py reads its report."""
+    job_id, log, ckpt = two_node_job.job_id, two_node_job.log, two_node_job.ckpt
+    assert two_node_job.result.returncode == 0, (
+        two_node_job.result.stdout + two_node_job.result.stderr[-4000:] + log[-8000:] + cluster.logs()
+    )
+    assert job_id and job_id.startswith("stapo-smoke-"), two_node_job.report
+    assert f"job {job_id} succeeded" in log, log[-8000:]
+    assert f"ray job logs --address {cluster.dashboard_url} --follow {job_id}" in log
+    assert f"ray job stop --address {cluster.dashboard_url} {job_id}" in log
     assert "step:2 - " in log and "actor/stapo/mask_ratio" in log, log[-8000:]
     # two FSDP ranks, one per node (each node has exactly one slot), wrote to the shared directory
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
@@ -250,11 +214,3 @@ def test_sweep_through_the_ray_launcher(cluster):
     assert "finished before, skipped" in third.stdout and "submitted" not in third.stdout
     assert row in (out / "comparison.md").read_text()
     print(f"[launch] stapo sweep through the Ray launcher (1 step + 1 refused run): {time.monotonic() - started:.0f} s")
-
-
-def test_the_cluster_stops_without_leftovers(cluster):
-    started = time.monotonic()
-    cluster.stop()
-    print(f"[launch] cluster stopped in {time.monotonic() - started:.1f} s")
-    assert cluster.own_processes() == []
-    assert all(node.proc.poll() is not None for node in cluster.nodes)

@@ -3,56 +3,34 @@
 The GPU preset cannot run here, so the smoke path is driven with the tiny CPU preset in its place
 (`model_preset=tiny` after `--smoke`): the same submission through submit.sh, the same wait, the same
 reading of the job's log. One job passes, one fails on a bad setting and must name it.
+
+The cluster and the passing job are the package's shared ones (tests/launch/conftest.py): the job
+is the tiny two-node STAPO run that tests/launch/test_cluster.py checks as a submit.sh job.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 
 import pytest
 
-from tests.launch.local_cluster import REPO, start_cluster
+from tests.launch.local_cluster import smoke
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray")
-    shared = tmp_path_factory.mktemp("shared")
-    cluster = start_cluster(root, shared, num_cpus=8, num_gpus=1)
-    cluster.shared = shared
-    yield cluster
-    cluster.stop()
-
-
-def _smoke(cluster, *overrides: str) -> subprocess.CompletedProcess:
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "stapo.cli", "doctor", "--smoke", "--json", "--address", cluster.dashboard_url,
-         "model_preset=tiny", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",
-         "trainer.save_freq=-1", *overrides],
-        check=False, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=900,
-    )
-    print(f"[smoke] {' '.join(overrides)}: rc={result.returncode} in {time.monotonic() - started:.0f} s")
-    return result
-
-
 @pytest.mark.timeout(1000)
-def test_smoke_reports_a_passing_job(cluster):
-    result = _smoke(cluster)
+def test_smoke_reports_a_passing_job(cluster, two_node_job):
+    result = two_node_job.result
     assert result.returncode == 0, result.stdout + result.stderr[-4000:] + cluster.logs()
-    report = json.loads(result.stdout)["results"][0]
+    report = two_node_job.report
     assert report["status"] == "OK" and report["summary"].startswith("2/2 steps in"), report
     assert any("actor/stapo/mask_ratio" in line for line in report["details"]), report
 
 
 @pytest.mark.timeout(1000)
 def test_smoke_names_the_first_error_of_a_failing_job(cluster):
-    result = _smoke(cluster, "actor_rollout_ref.actor.policy_loss.tau_p=2")
+    result = smoke(cluster, "trainer.save_freq=-1", "actor_rollout_ref.actor.policy_loss.tau_p=2")
     assert result.returncode == 1, result.stdout + result.stderr[-4000:]
     report = json.loads(result.stdout)["results"][0]
     assert report["status"] == "FAIL" and "the job failed after" in report["summary"], report

@@ -1,0 +1,118 @@
+"""Trainer runs shared by the whole suite: each distinct configuration of the tiny CPU trainer runs once.
+
+A pytest plugin (loaded from tests/conftest.py). Each fixture is session-scoped: the first test that
+asks for it starts the real trainer (``tests.e2e.cpu_runs.run_recipe``: Ray on loopback, verl's
+trainer, FSDP2 over gloo, the HF rollout), every later test reads the same run folder. A fixture
+does not assert: it returns the finished run (its exit code, log, parsed step metrics, peak memory)
+and the folders it wrote, and each test asserts what it proves on it. A run that fails is not
+started again: pytest keeps the fixture's result for the session, failure included.
+
+Time: the run's seconds count against the first test that asks for it (pytest-timeout covers fixture
+set-up), so each module that uses one keeps a timeout of at least ``RUN_TIMEOUT_S`` plus its own runs.
+
+Where two configurations differed only in a setting no assertion reads (a rollout dump, a run
+folder, a checkpoint frequency, 2 vs 4 steps), they are one run here; the docstring of each fixture
+names its users.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cpu_runs import Run, run_recipe
+
+RUN_TIMEOUT_S = 600
+
+# algo=stapo, 4 steps, a checkpoint every 2 steps, the run folder and verl's rollout dump
+STAPO = [
+    "algo=stapo",
+    "trainer.total_training_steps=4",
+    "trainer.save_freq=2",
+]
+# algo=grpo, 2 steps, no checkpoint, the rollout dump; without the tiny preset's STAPO_CPU_BACKEND
+# (trainer.device=cpu on a machine without CUDA is enough: the driver turns the back-end on itself)
+GRPO = [
+    "algo=grpo",
+    "trainer.total_training_steps=2",
+    "trainer.save_freq=-1",
+    "~ray_kwargs.ray_init.runtime_env.env_vars.STAPO_CPU_BACKEND",
+]
+# algo=entropy20, 2 steps, the checkpoint of step 2
+ENTROPY20 = [
+    "algo=entropy20",
+    "trainer.total_training_steps=2",
+    "trainer.save_freq=2",
+]
+
+
+@dataclass
+class SharedRun:
+    """A finished trainer run and the folders it wrote (``run_dir``/``rollouts``: None when not asked for)."""
+
+    run: Run
+    overrides: list[str]
+    ckpt: Path
+    run_dir: Path | None
+    rollouts: Path | None
+
+    @property
+    def steps(self) -> dict[int, dict[str, float]]:
+        return self.run.steps
+
+    def tail(self, chars: int = 6000) -> str:
+        return self.run.log[-chars:]
+
+
+def launch(root: Path, overrides: list[str], *, run_dir: bool = False, rollouts: bool = False,
+           timeout: int = RUN_TIMEOUT_S) -> SharedRun:
+    """One run of the tiny trainer under ``root``: checkpoints in ``root/ckpt``, optionally the run folder
+    (``stapo.run_dir``) in ``root/run`` and verl's rollout dump (``trainer.rollout_data_dir``) in ``root/rollouts``."""
+    root.mkdir(parents=True, exist_ok=True)
+    extra = []
+    if run_dir:
+        extra.append(f"stapo.run_dir={root / 'run'}")
+    if rollouts:
+        extra.append(f"trainer.rollout_data_dir={root / 'rollouts'}")
+    run = run_recipe([*overrides, *extra], root / "ckpt", timeout=timeout)
+    return SharedRun(run, [*overrides, *extra], root / "ckpt", root / "run" if run_dir else None,
+                     root / "rollouts" if rollouts else None)
+
+
+@pytest.fixture(scope="session")
+def stapo_run(tmp_path_factory) -> SharedRun:
+    """STAPO, 4 steps, checkpoints at steps 2 and 4, with the run folder and the rollout dump.
+
+    Users, and what each used to launch on its own:
+    - tests/e2e/test_trainer_cpu.py::test_stapo_trains_and_checkpoints (the same run, 2 steps, no dump)
+    - tests/export/test_export_e2e.py, all tests (the same 2-step run, exported)
+    - tests/e2e/test_faults.py::test_sigkilled_run_resumes... as the uninterrupted reference (4 steps,
+      dump, no checkpoint, no run folder): it is now exactly the killed run's configuration
+    - tests/e2e/test_reproducible.py::test_grpo_and_stapo_see_identical_first_rollouts (2 steps, dump)
+    - tests/bench/test_algos_train.py, the masked_clip objective with the S2T mask folded
+    """
+    return launch(tmp_path_factory.mktemp("shared-stapo"), STAPO, run_dir=True, rollouts=True)
+
+
+@pytest.fixture(scope="session")
+def grpo_run(tmp_path_factory) -> SharedRun:
+    """GRPO, 2 steps, with the rollout dump, started without the preset's STAPO_CPU_BACKEND.
+
+    Users (each launched this 2-step GRPO run itself, four launches in all):
+    - tests/e2e/test_trainer_cpu.py::test_baselines_run_through_the_same_trainer[grpo]
+    - tests/e2e/test_reproducible.py, both tests (the first of the two identical runs)
+    - tests/e2e/test_paired.py::test_stapo_that_silences_nothing_is_grpo
+    """
+    return launch(tmp_path_factory.mktemp("shared-grpo"), GRPO, rollouts=True)
+
+
+@pytest.fixture(scope="session")
+def entropy20_run(tmp_path_factory) -> SharedRun:
+    """20-Entropy, 2 steps, checkpoint of step 2.
+
+    Users: tests/e2e/test_trainer_cpu.py::test_baselines_run_through_the_same_trainer[entropy20] and
+    tests/bench/test_algos_train.py (the entropy20 token mask trains: finite loss, gradient, new weights).
+    """
+    return launch(tmp_path_factory.mktemp("shared-entropy20"), ENTROPY20)

@@ -1,0 +1,74 @@
+"""One loopback Ray cluster and one tiny two-node job for every launch test.
+
+``cluster``: a real two-node Ray cluster on this machine (launch/ray/start_head.sh and
+start_worker.sh, one logical GPU slot each), started once for the package tests/launch and
+stopped after its last test; the teardown checks that no process of it is left (only the
+processes the scripts started are signalled, nothing calls `ray stop`: other people run Ray on the
+same machine). Used by tests/launch/test_cluster.py and tests/launch/test_smoke_cluster.py, which
+each started their own cluster before.
+
+``two_node_job``: the tiny STAPO job on two nodes (trainer.nnodes=2 trainer.n_gpus_per_node=1, 2 steps,
+checkpoint at step 2 on the shared directory), submitted once through `stapo doctor --smoke`, which
+submits it with launch/ray/submit.sh and waits for it. Both test_cluster.py (the submit.sh job and its
+checkpoint) and test_smoke_cluster.py (the smoke report) read it; each submitted the same job before.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.launch.local_cluster import smoke, start_cluster
+
+
+@pytest.fixture(scope="package")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray")  # short: Ray's socket paths are limited to ~107 characters
+    shared = tmp_path_factory.mktemp("shared")
+    started = time.monotonic()
+    cluster = start_cluster(root, shared, num_cpus=8, num_gpus=1)
+    print(f"[launch] two-node cluster up in {time.monotonic() - started:.1f} s at {cluster.gcs_address}")
+    cluster.shared = shared
+    yield cluster
+    # the cluster stops without leftovers (an error at this teardown names the processes left)
+    started = time.monotonic()
+    cluster.stop()
+    print(f"[launch] cluster stopped in {time.monotonic() - started:.1f} s")
+    assert cluster.own_processes() == []
+    assert all(node.proc.poll() is not None for node in cluster.nodes)
+
+
+@dataclass
+class TwoNodeJob:
+    result: subprocess.CompletedProcess  # stapo doctor --smoke's own output (the JSON report on stdout)
+    report: dict | None  # the smoke check's result, None when stdout held no report
+    job_id: str | None
+    log: str  # the whole output of submit.sh (its messages, then the job's log), as doctor --smoke saved it
+    ckpt: Path
+    seconds: float
+
+
+@pytest.fixture(scope="package")
+def two_node_job(cluster) -> TwoNodeJob:
+    ckpt = cluster.shared / "job-ckpt"
+    started = time.monotonic()
+    result = smoke(cluster, "algo=stapo", "trainer.save_freq=2", f"trainer.default_local_dir={ckpt}")
+    seconds = time.monotonic() - started
+    report, job_id, log = None, None, ""
+    try:
+        report = json.loads(result.stdout)["results"][0]
+    except (ValueError, LookupError):
+        pass
+    if report and report.get("details"):
+        # "job <id>; full log: <path>"
+        head, _, path = report["details"][0].partition("; full log: ")
+        job_id = head.removeprefix("job ")
+        if Path(path).is_file():
+            log = Path(path).read_text(errors="replace")
+    print(f"[launch] tiny STAPO job, 2 nodes x 1 slot, 2 steps, submitted with submit.sh: {seconds:.0f} s")
+    return TwoNodeJob(result, report, job_id, log, ckpt, seconds)
