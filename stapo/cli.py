@@ -7,6 +7,7 @@ so importing it stays cheap (no torch / verl import until a command runs).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -16,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("stapo.data.cli", "prepare DAPO-Math-17k and the six benchmarks in verl's parquet format"),
     "eval": ("stapo.eval.cli", "avg@N evaluation of a checkpoint on the paper's benchmarks"),
     "export": ("stapo.export", "a saved checkpoint step as a Hugging Face model folder with a model card"),
+    "check": ("stapo.check", "compose the recipe's config from overrides and run every check a run makes before Ray"),
     "doctor": ("stapo.doctor", "preflight checks of a Ray cluster (--smoke: a 2-step GPU run) before a big job"),
 }
 
@@ -36,13 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"stapo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    from stapo.validation import STAPOConfigError
+    from stapo.validation import STAPOConfigError, refusal_line
 
     module = importlib.import_module(COMMANDS[name][0])
     try:
         return int(module.main(rest) or 0)
-    except STAPOConfigError as error:  # a bad setting is the user's to fix: no traceback
-        print(f"stapo {name}: error: {error}", file=sys.stderr)
+    except STAPOConfigError as error:  # a bad setting is the user's to fix: one line, no traceback
+        if os.environ.get("STAPO_DEBUG") == "1":
+            raise
+        print(refusal_line(error), file=sys.stderr)
         return 2
 
 

@@ -107,13 +107,16 @@ def main() -> None:
     or a bad setting in one line, then hand over to ``hydra_main`` (the run, ``--cfg``, ``--help``)."""
     from hydra._internal.utils import get_args_parser
 
+    from stapo.check import compose_run, quiet_optional_engines
     from stapo.validation import STAPOConfigError
 
+    quiet_optional_engines()
+
     args, _ = get_args_parser().parse_known_args(sys.argv[1:])
-    hydra_only = (args.help or args.hydra_help or args.info or args.shell_completion or args.multirun or args.experimental_rerun
-                  or args.cfg == "hydra" or args.config_path or args.config_name or args.config_dir)
+    hydra_only = (args.help or args.hydra_help or args.info or args.shell_completion or args.multirun
+                  or args.experimental_rerun or args.cfg == "hydra" or args.config_path or args.config_name
+                  or args.config_dir)
     if not hydra_only:
-        from stapo.check import compose_run
         from stapo.verl_plugin.run_checks import validate_run_config
 
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from stapo.data.prepare import SOURCES, DataError, prepare
@@ -58,4 +59,6 @@ def main(argv: list[str]) -> int:
             print(f"  skipped rows (see {Path(summary['output']).with_suffix('')}.skipped.jsonl): {summary['skipped']}")
             if args.strict:
                 status = 1
+    if status:
+        print("stapo data: --strict: rows were skipped (counted above), so the exit code is 1", file=sys.stderr)
     return status

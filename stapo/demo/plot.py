@@ -13,11 +13,13 @@ draws one line per folder instead. ``comparison.md`` / ``.json`` next to the PNG
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.sweep.compare import mean_se
 from stapo.sweep.runs import RunData, group_runs, load_run, read_run_metrics
+from stapo.validation import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,26 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     return written
 
 
+def _check_group_by(parser: argparse.ArgumentParser, run_dirs: list[Path], key: str) -> None:
+    """``--group-by`` names a key of the runs' config.yaml; a misspelt one would put every run in its own group."""
+    from omegaconf import OmegaConf
+
+    configs = [OmegaConf.load(path / "config.yaml") for path in run_dirs if (path / "config.yaml").is_file()]
+    if not configs or any(OmegaConf.select(config, key, default=None) is not None for config in configs):
+        return
+    keys = _dotted_keys(OmegaConf.to_container(configs[0]))
+    parser.error(f"--group-by {key}: no run's config.yaml has this key{did_you_mean(key, keys)}")
+
+
+def _dotted_keys(node, prefix: str = "") -> list[str]:
+    if not isinstance(node, dict):
+        return [prefix] if prefix else []
+    keys = [prefix] if prefix else []
+    for name, value in node.items():
+        keys += _dotted_keys(value, f"{prefix}.{name}" if prefix else str(name))
+    return keys
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="stapo plot", description=__doc__)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="run folders (stapo.run_dir of each run)")
@@ -186,8 +208,19 @@ def main(argv: list[str]) -> int:
     for path in args.run_dirs:
         if not path.exists():
             parser.error(f"{path}: does not exist")
+        if path.is_file() and path.suffix != ".wandb":
+            parser.error(f"{path}: is a file; give its run folder (stapo.run_dir, which holds metrics.jsonl)")
+    if args.group_by:
+        _check_group_by(parser, args.run_dirs, args.group_by)
     out = args.out or (args.run_dirs[0] if args.run_dirs[0].is_dir() else args.run_dirs[0].parent) / "plots"
     try:
+        empty = [str(path) for path in args.run_dirs if not read_run_metrics(path)]
+        if len(empty) == len(args.run_dirs):
+            print(f"stapo plot: error: no metric line could be read from {empty}", file=sys.stderr)
+            return 1
+        if empty:
+            print(f"stapo plot: warning: no metric line could be read from {empty}; plotting the other runs",
+                  file=sys.stderr)
         if args.per_run:
             written = plot_runs(args.run_dirs, out)
         else:

@@ -126,6 +126,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, dict[str, Any]]:
         parser.error(
             f"trainer.nnodes, trainer.n_gpus_per_node and trainer.total_training_steps must be numbers: {error}"
         )
+    for flag, seconds in (("--timeout", args.timeout), ("--connect-timeout", args.connect_timeout)):
+        if not seconds > 0:  # a negative limit would end every wait at once, reported as a timeout
+            parser.error(f"{flag}={seconds:g}: must be a number of seconds > 0")
+    if not args.shared_wait >= 0:
+        parser.error(f"--shared-wait={args.shared_wait:g}: must be a number of seconds >= 0")
     if nnodes < 1 or per_node <= 0:
         parser.error("trainer.nnodes must be >= 1 and trainer.n_gpus_per_node > 0")
     if any(s < 1 for s in steps):

@@ -29,7 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    from stapo.input_checks import check_model_path
+    from stapo.validation import STAPOConfigError
+
     args = build_parser().parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        raise STAPOConfigError(f"--limit={args.limit}: must be >= 1 (prompts per benchmark)")
+    # a missing or non-HF folder otherwise fails inside transformers with a 40-line traceback
+    check_model_path(args.checkpoint, key="checkpoint")
+    if args.checkpoint.startswith("stapo://"):
+        from stapo.models.local import resolve_model_path
+
+        args.checkpoint = resolve_model_path(args.checkpoint)
     settings = tuple(s.strip() for s in args.decoding.split(",") if s.strip())
     unknown = [s for s in settings if s not in DECODING]
     if unknown:

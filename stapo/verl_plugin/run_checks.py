@@ -135,7 +135,9 @@ def check_clip_ratios(actor: Mapping[str, Any], prefix: str = "actor_rollout_ref
             if not is_finite_number(value) or value < 0.0:
                 raise STAPOConfigError(f"{prefix}{name} must be a finite number >= 0 for {loss_mode}, got {value!r}")
         elif not is_finite_number(value) or not 0.0 <= value <= 1.0:
-            raise STAPOConfigError(f"{prefix}{name} must be in [0, 1] (paper: 0.2; 1 turns the lower clip off), got {value!r}")
+            raise STAPOConfigError(
+                f"{prefix}{name} must be in [0, 1] (paper: 0.2; 1 turns the lower clip off), got {value!r}"
+            )
     value = actor.get("clip_ratio_high", None)
     if value is not None and (not is_finite_number(value) or value < 0.0):
         raise STAPOConfigError(f"{prefix}clip_ratio_high must be a finite number >= 0 (paper: 0.28), got {value!r}")
@@ -181,6 +183,7 @@ def _check_policy_loss_keys(policy_loss) -> None:
     if unknown:
         raise STAPOConfigError(
             f"{PL} has unknown key(s) {[f'{PL}.{key}' for key in unknown]}; the keys of {target} are {sorted(fields)}"
+            f"{did_you_mean(unknown[0], sorted(fields))}"
         )
 
 

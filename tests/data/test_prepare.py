@@ -82,7 +82,8 @@ def test_cli_prepare_and_strict(tmp_path, capsys):
     assert data_main(["prepare", "amc23", "--input", str(FIXTURES / "aime_like.jsonl"), "--out", str(tmp_path)]) == 0
     assert data_main(["prepare", "amc23", "--input", str(FIXTURES / "aime_like.jsonl"), "--out", str(tmp_path),
                       "--strict"]) == 1
-    assert "skipped rows" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "skipped rows" in out.out and "--strict: rows were skipped (counted above), so the exit code is 1" in out.err
 
 
 @pytest.mark.parametrize(

@@ -216,3 +216,25 @@ def test_spread_positions_equal_the_listed_reference(size, density):
             expected = [int(listed[(2 * i + 1) * n // (2 * cap)]) for i in range(cap)]  # loop, one by one
         assert got.tolist() == expected, (size, density, cap)
     assert torch.equal(spread_evenly(mask.view(1, -1), 50).view(-1).nonzero().squeeze(1), spread_positions(mask, 50))
+
+
+def test_plot_refuses_a_file_an_unknown_group_key_and_runs_without_any_metric(tmp_path, capsys):
+    from stapo.demo.plot import main as plot_main
+
+    good, garbage = tmp_path / "stapo-s1", tmp_path / "grpo-s1"
+    for run in (good, garbage):
+        run.mkdir()
+        (run / "config.yaml").write_text("actor_rollout_ref:\n  actor:\n    policy_loss:\n      token_mask: stapo\n")
+    _write(good / "metrics.jsonl", [(1, {"critic/score/mean": 0.5})])
+    (garbage / "metrics.jsonl").write_text("not json\n{\"step\": \n")
+    with pytest.raises(SystemExit) as exit_:
+        plot_main([str(good / "metrics.jsonl")])
+    assert exit_.value.code == 2 and "is a file; give its run folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        plot_main([str(good), "--group-by", "actor_rollout_ref.actor.policy_loss.token_msk"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "(did you mean 'actor_rollout_ref.actor.policy_loss.token_mask'?)" in err
+    assert plot_main([str(garbage), "--out", str(tmp_path / "p0")]) == 1
+    assert f"no metric line could be read from ['{garbage}']" in capsys.readouterr().err
+    assert plot_main([str(good), str(garbage), "--per-run", "--out", str(tmp_path / "p1")]) == 0
+    assert "warning: no metric line could be read" in capsys.readouterr().err

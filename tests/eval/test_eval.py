@@ -142,3 +142,23 @@ def test_benchmark_val_metric_names():
 def test_cli_reports_missing_data(tmp_path, capsys):
     assert eval_main(["x", "--data-root", str(tmp_path), "--benchmarks", "aime24"]) == 2
     assert "stapo data prepare aime24" in capsys.readouterr().out
+
+
+def test_cli_refuses_a_checkpoint_that_is_no_model_and_a_bad_limit_in_one_line(tmp_path, capsys):
+    """Before: transformers' 40-line traceback for a missing or non-HF folder; --limit -1 ran everything."""
+    from stapo.cli import main as stapo_main
+
+    saved = tmp_path / "run" / "checkpoints"
+    (saved / "global_step_2" / "actor").mkdir(parents=True)
+    (tmp_path / "empty").mkdir()
+    cases = {
+        str(tmp_path / "nope"): f"stapo: checkpoint={tmp_path / 'nope'}: no such folder",
+        str(tmp_path / "empty"): f"stapo: checkpoint={tmp_path / 'empty'}: a model folder needs a config.json",
+        str(saved): "(a verl checkpoint: `stapo export` turns a saved step into one)",
+    }
+    for path, message in cases.items():
+        assert stapo_main(["eval", path, "--data-root", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert stapo_main(["eval", str(tmp_path / "empty"), "--limit", "-1"]) == 2
+    assert capsys.readouterr().err == "stapo: --limit=-1: must be >= 1 (prompts per benchmark)\n"

@@ -103,6 +103,16 @@ REJECTED = [
     (["data.train_batch_size=-4"], "data.train_batch_size must be a positive integer, got -4"),
     (["trainer.nnodes=0"], "trainer.nnodes must be a positive integer, got 0"),
     ([f"{ACTOR}.ppo_micro_batch_size_per_gpu=0"], f"{ACTOR}.ppo_micro_batch_size_per_gpu must be a positive integer"),
+    # lengths, step counts, types and names that verl reads inside Ray
+    (["trainer.total_training_steps=-1"], "trainer.total_training_steps must be a positive integer, got -1"),
+    (["data.max_response_length=-5"], "data.max_response_length must be a positive integer, got -5"),
+    (["data.max_prompt_length=0"], "data.max_prompt_length must be a positive integer, got 0"),
+    (["trainer.total_epochs=0"], "trainer.total_epochs must be a positive integer, got 0"),
+    ([f"{ACTOR}.optim.lr=fast"], f"{ACTOR}.optim.lr must be a finite number >= 0 (paper: 1e-6), got 'fast'"),
+    ([f"{ACTOR}.optim.lr=-1e-6"], f"{ACTOR}.optim.lr must be a finite number >= 0"),
+    (["trainer.logger=[consol]"], "trainer.logger='consol' is not one of verl's loggers ["),
+    (["trainer.logger=[console,wandbb]"], "(did you mean 'wandb'?)"),
+    ([f"{ROLLOUT}.name=vlm"], f"{ROLLOUT}.name must be one of ["),
     # combinations that would train something else than configured, silently
     (["distillation.enabled=true"], "distillation.enabled=true is not supported with trainer.v1.trainer_mode=stapo"),
     (["algo=gmpo", f"{PL}.loss_mode=geo_mean"], f"use {PL}.loss_mode=gmpo (algo=gmpo)"),  # 4 micro-batches
@@ -123,6 +133,8 @@ def test_bad_setting_is_refused_with_key_and_range(overrides, message):
 ACCEPTED = [
     [f"{PL}.tau_p=0.999", f"{PL}.entropy_quantile=1.0"],
     [f"{ACTOR}.clip_ratio_low=0.0", f"{ACTOR}.clip_ratio_high=0.0", f"{ACTOR}.clip_ratio_c=1.001"],
+    [f"{ACTOR}.clip_ratio_low=1.0"],  # a floor of 1 - 1 = 0: no lower clip, on purpose (README, Reliability)
+    ["trainer.total_training_steps=null", f"{ACTOR}.optim.lr=0", "trainer.logger=[console,file]"],
     [f"{PL}.source=current", f"{ACTOR}.calculate_entropy=true"],
     [f"{PL}.source=current", f"{ACTOR}.entropy_coeff=0.001"],  # a bonus also turns the update entropy on
     ["trainer.n_gpus_per_node=2"],

@@ -119,3 +119,32 @@ def test_recipe_process_refuses_a_token_in_the_runtime_env_before_ray(secret_env
     assert out.returncode != 0
     assert "ray_kwargs.ray_init.runtime_env.env_vars.HF_TOKEN holds the value of $HF_TOKEN" in out.stderr
     assert SECRETS["HF_TOKEN"] not in both and "Started a local Ray instance" not in both
+
+
+LITERAL = "hf_abcdefghijklmnop1234"  # a token in no environment variable: only its key name gives it away
+
+
+@pytest.mark.parametrize(
+    "override, extra",
+    [
+        (f"+{ENV_VARS}.HF_TOKEN={LITERAL}", []),  # composes; refused by the recipe's check inside Hydra's job
+        (f"{ENV_VARS}.HF_TOKEN={LITERAL}", []),  # no "+": Hydra's composition error, which would echo the value
+        (f"+{ENV_VARS}.HF_TOKEN={LITERAL}", ["--cfg", "job"]),  # would print the config
+    ],
+    ids=["run", "composition-error", "cfg-job"],
+)
+def test_a_literal_token_on_the_command_line_is_written_and_echoed_nowhere(tmp_path, override, extra):
+    """Hydra used to write overrides.yaml and config.yaml under outputs/<date>/<time>/.hydra/ and echo the
+    overrides in "Error executing job with overrides"; the recipe's own refusal masked it too late."""
+    out = subprocess.run(
+        [sys.executable, "-m", "recipe.stapo.main_stapo", "model_preset=tiny", f"stapo.run_dir={tmp_path}/run",
+         override, *extra],
+        cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("stapo: ") and f"{ENV_VARS}.HF_TOKEN" in last
+    assert LITERAL not in out.stdout + out.stderr and "Error executing job" not in out.stderr
+    written = [path for path in tmp_path.rglob("*") if path.is_file()]
+    assert not [path for path in written if LITERAL in path.read_text(errors="replace")], written
+    assert not (tmp_path / "outputs").exists() and not list(tmp_path.rglob(".hydra"))

@@ -1,0 +1,142 @@
+"""`stapo check OVERRIDE ...`: the recipe's config, composed and checked as a run would, without a run.
+
+One check for every entry point (the recipe, ``stapo demo``, ``stapo sweep``, ``stapo doctor``):
+:func:`compose_run` composes ``conf/stapo_trainer.yaml`` with Hydra exactly as
+``python -m recipe.stapo.main_stapo`` does, turning Hydra's composition errors (a misspelt key, an
+unknown preset) into one line with a did-you-mean; :func:`check_run` runs the driver's checks of the
+settings (``validate_run_config``) and of what the run reads (``stapo.input_checks``). A refusal is a
+:class:`STAPOConfigError`: ``stapo: <message>`` on stderr and exit code 2, everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import warnings
+
+from stapo.validation import STAPOConfigError, did_you_mean
+
+OVERRIDE_KEY = re.compile(r"^[~+]*([^=~+][^=]*)=")
+
+
+def quiet_optional_engines() -> None:
+    """Importing verl warns once per optional training engine that is not installed (torchtitan, megatron,
+    ...): five tracebacks' worth of lines above a one-line refusal. Called first by each entry point."""
+    warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
+
+
+def compose_run(overrides: list[str]):
+    """The recipe's config for ``overrides``, the hydra node dropped after ``${hydra:...}`` was made resolvable."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from stapo.config_dir import CONFIG_NAME, config_dir
+
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base=None):
+            cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides), return_hydra_config=True)
+    except Exception as error:  # Hydra's composition and override-grammar errors
+        raise STAPOConfigError(explain_composition_error(error, overrides)) from None
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def check_run(config, paths: bool = True) -> list[str]:
+    """Every driver-side check of a composed config; the notes of the path checks (what each path was taken as)."""
+    from stapo.input_checks import check_inputs
+    from stapo.verl_plugin.run_checks import validate_run_config
+
+    validate_run_config(config)
+    return check_inputs(config) if paths else []
+
+
+def explain_composition_error(error: Exception, overrides: list[str]) -> str:
+    """One line for Hydra's composition error: the key or preset, with the closest existing ones.
+
+    Hydra's own text suggests adding a misspelt key with ``+`` and echoes the override's value (a
+    token, possibly): neither is repeated here.
+    """
+    from stapo.credentials import MASK, SECRET_CONFIG_KEY, redact_text
+
+    text = str(error) + "\n" + str(error.__cause__ or "")
+    missing_key = re.search(r"Could not override '([^']+)'", text)
+    if missing_key and ("not in struct" in text or "No match in the defaults list" in text):
+        return _unknown_key(missing_key.group(1), overrides)
+    missing_option = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+    if missing_option:
+        group, option = missing_option.groups()
+        options = [name for name in re.findall(r"^\t(\S+)$", text, flags=re.MULTILINE) if not name.startswith("_")]
+        return f"{group}={option}: no such preset, choose one of {options}{did_you_mean(option, options)}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    for override in overrides:  # a value under a credential-like key is never echoed, even malformed
+        key, _, value = override.partition("=")
+        if value and SECRET_CONFIG_KEY.search(key.rsplit(".", 1)[-1]):
+            first = first.replace(value, MASK)
+    return redact_text(f"cannot compose the config: {first}")
+
+
+def _unknown_key(key: str, overrides: list[str]) -> str:
+    """``key`` is not in the config: the closest key at the level where its path leaves the config."""
+    from omegaconf import DictConfig
+
+    others = [item for item in overrides if _override_key(item) != key]
+    try:
+        node = compose_run(others)
+    except STAPOConfigError:
+        node = None
+    parts, found = key.split("."), []
+    for part in parts:
+        if not isinstance(node, DictConfig) or part not in node:
+            break
+        node, found = node[part], [*found, part]
+    prefix = ".".join(found)
+    hint = " (a new key takes a leading +; `stapo check --print` shows the config)"
+    if isinstance(node, DictConfig) and len(found) < len(parts):
+        keys = [str(name) for name in node.keys()]
+        close = did_you_mean(parts[len(found)], keys)
+        if close:
+            hint = close.replace("'", f"'{prefix}." if prefix else "'", 1)
+    where = f"a key of {prefix}" if prefix else "a top-level key"
+    return f"{key}: not {where}{hint}"
+
+
+def _override_key(override: str) -> str:
+    match = OVERRIDE_KEY.match(override)
+    return match.group(1) if match else override
+
+
+def main(argv: list[str]) -> int:
+    quiet_optional_engines()
+    parser = argparse.ArgumentParser(
+        prog="stapo check",
+        description="Compose the recipe's config from OVERRIDEs as `python -m recipe.stapo.main_stapo` does and run "
+        "every check the recipe runs before Ray (settings, model path, data files); exit 0 (OK) or 2 (refused).",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="the recipe's Hydra overrides, key=value")
+    parser.add_argument("--print", dest="print_config", action="store_true", help="print the resolved config")
+    parser.add_argument("--no-paths", action="store_true",
+                        help="check the settings only, not the model and data paths (a cluster's config on a laptop)")
+    args = parser.parse_args(argv)
+    config = compose_run(args.overrides)
+    notes = check_run(config, paths=not args.no_paths)
+    if args.print_config:
+        print(resolved_yaml(config), end="")
+    for note in notes:
+        print(f"[stapo] {note}")
+    print("OK")
+    return 0
+
+
+def resolved_yaml(config) -> str:
+    """The config as verl will see it (``${oc.env:...}`` and ``${hydra:...}`` resolved)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_yaml(config, resolve=True)
+    except OmegaConfBaseException as error:
+        raise STAPOConfigError(f"cannot resolve the config: {str(error).splitlines()[0]}") from None
+
