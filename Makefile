@@ -31,7 +31,8 @@ lint-tools: setup
 test: setup lint-tools
 	$(BIN)/python -m pytest -q tests
 
-test-fast: setup
+# the edit-test loop: everything but the trainer runs and the tests that start processes (lint included)
+test-fast: setup lint-tools
 	$(BIN)/python -m pytest -q tests -m "not e2e and not slow"
 
 demo: setup

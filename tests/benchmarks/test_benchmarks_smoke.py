@@ -35,6 +35,7 @@ def test_loss_path_covers_every_variant_and_pattern():
     assert table.count("\n| ") == len(rows) and "ratio of medians" in table
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_mask_build_and_old_pass_estimate():
     rows = mask_build.run(responses=8, max_len=256, repeats=1)
     assert [r["distribution"] for r in rows] == ["realistic", "all_max"]
@@ -53,6 +54,7 @@ def test_mask_build_and_old_pass_estimate():
     assert text.startswith("Yardstick") and "| realistic |" in text and "| all_max |" in text
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_dp_quantile_two_ranks():
     (row,) = dp_quantile.run(worlds=(2,), per_rank=200, micro_tokens=256, repeats=2)
     assert row["world"] == 2 and finite(row["q_ratio"]) and finite(row["detect_ratio"])

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from stapo.demo.recipe_process import run_recipe_process
 from stapo.demo.train import run_trainer
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_lines_memory_and_ticks_of_a_real_recipe_process(tmp_path):
     lines, ticks = [], []
     run = run_recipe_process(
@@ -28,6 +31,7 @@ def test_a_time_limit_kills_the_whole_session(tmp_path):
     assert run.timed_out and run.returncode != 0 and run.seconds < 30
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_a_failing_run_keeps_its_log_and_wandb_stays_offline(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     result = run_trainer(["no_such_group=1", "--cfg", "job"], tmp_path / "run", total_steps=2, label="t")

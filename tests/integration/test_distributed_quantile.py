@@ -75,6 +75,7 @@ def _pad_cat(tensors):
     return torch.cat([torch.nn.functional.pad(t, (0, cols - t.shape[1])) for t in tensors])
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_global_threshold_equals_single_process(world):
     manager = mp.Manager()

@@ -66,6 +66,7 @@ def _spy(tq, monkeypatch) -> list[dict]:
     return gets
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_round_trip_equals_the_padded_reference(tmp_path, monkeypatch):
     batch = _batch()
     keys = [f"k{i}" for i in range(len(batch["responses"]))]
@@ -98,6 +99,7 @@ def test_round_trip_equals_the_padded_reference(tmp_path, monkeypatch):
     assert any(s["silenced"] for s in sample)
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_a_step_without_diagnostics_fetches_the_reward_extras_only(tmp_path, monkeypatch):
     batch = _batch(rows=12, seed=5)
     keys = [f"k{i}" for i in range(12)]

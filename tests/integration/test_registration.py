@@ -24,6 +24,7 @@ CHECK = (
 )
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_registered_after_plain_import_verl_in_a_fresh_process():
     """Only `import verl`: the `verl.plugins` entry point of the installed package does the rest."""
     out = subprocess.run(
@@ -33,6 +34,7 @@ def test_registered_after_plain_import_verl_in_a_fresh_process():
     assert "REGISTERED STAPOTrainer" in out.stdout
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 @pytest.mark.parametrize("first", ["driver_diagnostics", "losses", "shard_mask", "actor_worker"])
 def test_registered_whichever_glue_module_is_imported_first(first):
     """A glue module imported before verl used to trigger the entry point while half-imported itself:
@@ -45,6 +47,7 @@ def test_registered_whichever_glue_module_is_imported_first(first):
     assert "REGISTERED STAPOTrainer" in out.stdout
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_plugin_switched_off_is_reported_clearly():
     code = (
         "import verl\n"
@@ -59,6 +62,7 @@ def test_plugin_switched_off_is_reported_clearly():
     assert "STAPO is not registered in verl" in out.stderr
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_registered_inside_a_ray_worker():
     import tempfile
 

@@ -117,6 +117,7 @@ def _same(got: float, want: float, key: str) -> bool:
     return got == want or (math.isnan(got) and math.isnan(want))
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 @pytest.mark.parametrize(("world", "no_candidates_in"), [(1, None), (2, 2), (3, 0), (2, "all")])
 def test_every_rank_folds_its_rows_of_the_whole_batch_mask(world, no_candidates_in):
     manager = mp.Manager()

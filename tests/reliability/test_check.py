@@ -147,6 +147,7 @@ def _recipe(cwd: Path, *overrides: str, env: dict | None = None) -> subprocess.C
     ],
     ids=["misspelt-key", "cfg-job-validates", "model-path"],
 )
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_recipe_process_refuses_in_one_line_with_exit_2(tmp_path, overrides, first_words):
     out = _recipe(tmp_path, *overrides)
     assert out.returncode == 2, out.stderr[-2000:]
@@ -157,6 +158,7 @@ def test_recipe_process_refuses_in_one_line_with_exit_2(tmp_path, overrides, fir
     assert not list(tmp_path.iterdir())  # Hydra wrote nothing: no outputs/, no .hydra/
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_stapo_debug_adds_the_traceback(tmp_path):
     out = _recipe(tmp_path, "trainer.total_training_steps=-1", env={"STAPO_DEBUG": "1"})
     assert out.returncode == 2 and "Traceback" in out.stderr

@@ -208,6 +208,7 @@ RAY_STARTED = re.compile(r"Started a local Ray instance|ray init kwargs|ray\.ini
         ("trainer.v1.trainer_mode=sync", f"{PL}.token_mask=stapo needs trainer.v1.trainer_mode=stapo"),
     ],
 )
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_recipe_process_exits_before_ray(override, expected):
     out, seconds = _run_recipe(override)
     assert out.returncode != 0, out.stdout[-2000:]

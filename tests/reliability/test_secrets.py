@@ -108,6 +108,7 @@ def test_wandb_is_offline_unless_the_user_chose_a_mode(secret_env):
     assert "wandb" not in tiny.trainer.logger and wandb_env_defaults(tiny.trainer.logger, {}) == {}
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_recipe_process_refuses_a_token_in_the_runtime_env_before_ray(secret_env):
     env = dict(os.environ, HYDRA_FULL_ERROR="1")
     out = subprocess.run(
@@ -133,6 +134,7 @@ LITERAL = "hf_abcdefghijklmnop1234"  # a token in no environment variable: only 
     ],
     ids=["run", "composition-error", "cfg-job"],
 )
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_a_literal_token_on_the_command_line_is_written_and_echoed_nowhere(tmp_path, override, extra):
     """Hydra used to write overrides.yaml and config.yaml under outputs/<date>/<time>/.hydra/ and echo the
     overrides in "Error executing job with overrides"; the recipe's own refusal masked it too late."""

@@ -245,6 +245,7 @@ def test_loaded_through_verls_custom_reward_hook_with_reward_kwargs():
     assert reward_fn(data_source="x", solution_str="\\boxed{3}", ground_truth="3", extra_info=None)["score"] == 1.0
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_math_verify_and_its_deadline_inside_a_ray_actor():
     """Inside a Ray worker, from executor threads (as verl's reward loop calls it): real math-verify
     answers, a hanging check is cut at its deadline, and the next check works."""
