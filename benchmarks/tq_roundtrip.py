@@ -109,8 +109,8 @@ def store_batch(tq, responses: int, max_len: int, distribution: str, seed: int =
 def driver_diagnostics(run_dir: Path):
     """The trainer's ``DriverDiagnostics`` with the recipe's default diagnostics, writing into ``run_dir``."""
     from stapo.masks import MaskSettings, get_token_mask
+    from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
     from stapo.verl_plugin.driver_diagnostics import DriverDiagnostics
-    from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics
 
     stapo_config = {
         "run_dir": str(run_dir),
@@ -123,7 +123,7 @@ def driver_diagnostics(run_dir: Path):
     return DriverDiagnostics(
         settings,
         get_token_mask("stapo"),
-        StepDiagnostics.from_config(stapo_config),
+        GridAndSample.from_config(stapo_config),
         SpuriousTokenLog.from_config(stapo_config),
         pad_token_id=tokenizer.pad_token_id,
         tokenizer=tokenizer,

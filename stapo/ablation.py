@@ -7,7 +7,8 @@ search for the count below it. The same detection is also applied to negative-ad
 those are never masked, only counted.
 
 The cell of the configured (tau_p, q) reproduces the folded mask's counts exactly: same candidate
-rule, same linear quantile (bit for bit), same strict inequality. Pure torch, no verl.
+rule, same linear quantile (bit for bit), same strict inequality. Pure torch, no verl. (The token
+sample of the probability-entropy map is ``stapo.token_sample``.)
 """
 
 from __future__ import annotations
@@ -69,35 +70,3 @@ def threshold_grid(
                     metrics[f"{name}/mask_ratio"] = silenced / num_tokens if num_tokens else 0.0
                     metrics[f"{name}/tau_h"] = tau_h
     return metrics
-
-
-def token_sample(
-    log_prob: torch.Tensor,
-    entropy: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    silenced: torch.Tensor,
-    size: int,
-) -> list[dict[str, float]]:
-    """Up to ``size`` response tokens spread evenly over the batch, as ``{prob, entropy, advantage, silenced}``.
-
-    The data of the paper's probability-entropy map: positive- and negative-advantage tokens with the
-    S2T region (p < tau_p, H < tau_h) drawn over them. Deterministic (evenly spaced in batch order), so
-    two paired runs sample the same positions.
-    """
-    from stapo.spurious_log import spread_positions
-
-    positions = spread_positions(response_mask, size)  # flat, row-major: read by index, not by a full mask
-    broadcast_advantages(advantages, log_prob)  # refuses a shape that is neither per token nor per response
-    per_response = advantages.shape != log_prob.shape
-
-    def at(values: torch.Tensor, per_row: bool = False) -> torch.Tensor:
-        return values[positions // response_mask.shape[-1]] if per_row else values.reshape(-1)[positions]
-
-    rows = zip(
-        torch.exp(at(log_prob).double()).tolist(),
-        at(entropy).double().tolist(),
-        at(advantages, per_response).double().tolist(),
-        at(silenced).tolist(),
-    )
-    return [{"prob": p, "entropy": h, "advantage": a, "silenced": bool(s)} for p, h, a, s in rows]

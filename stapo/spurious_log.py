@@ -1,8 +1,9 @@
-"""The silenced-token log: its record format, which tokens a step keeps, the file, its summary.
+"""The silenced-token log: its record format, the file, its summary (the selection of a capped step is
+``stapo.token_sample.spread_positions``).
 
 One record per silenced token (the paper's word clouds, as data): the token, a few tokens of
 context either side, its probability and entropy. Pure: takes token ids, the mask, per-token
-statistics and a ``decode`` callable, so the trainer (``stapo.verl_plugin.run_log``, which reads
+statistics and a ``decode`` callable, so the trainer (``stapo.verl_plugin.diagnostic_outputs``, which reads
 verl's batch), the S2T analysis and ``stapo demo`` all write and read the same thing.
 """
 
@@ -52,47 +53,6 @@ def spurious_records(
             }
         )
     return records
-
-
-def spread_evenly(spurious: torch.Tensor, max_tokens: int) -> torch.Tensor:
-    """A copy of the mask keeping at most ``max_tokens`` of its tokens, evenly spread in batch order.
-
-    The k silenced tokens (row-major order) are cut into ``max_tokens`` equal runs and the middle
-    one of each run is kept: deterministic, and a capped step shows tokens from the whole batch
-    (every prompt group, early and late positions), not only its first rows.
-    """
-    keep = torch.zeros(spurious.shape, dtype=torch.bool, device=spurious.device)
-    keep.view(-1)[spread_positions(spurious, max_tokens)] = True
-    return keep
-
-
-def spread_positions(mask: torch.Tensor, max_tokens: int) -> torch.Tensor:
-    """The flat (row-major) positions :func:`spread_evenly` keeps, ascending.
-
-    Without listing every True position: on a dense mask of a paper-size batch (31M tokens) that
-    list alone is 250 MB. The ranks wanted are known from the count; blocks of the mask are counted,
-    and only the blocks holding a wanted rank are searched.
-    """
-    flat = mask.reshape(-1).bool()
-    count = int(torch.count_nonzero(flat))
-    if max_tokens <= 0 or count == 0:
-        return torch.zeros(0, dtype=torch.long, device=mask.device)
-    if count <= max_tokens:
-        return flat.nonzero().squeeze(1)
-    ranks = (2 * torch.arange(max_tokens, device=flat.device) + 1) * count // (2 * max_tokens)
-    return nth_true(flat, ranks)
-
-
-def nth_true(flat: torch.Tensor, ranks: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """Positions of the ``ranks``-th True values (0-based, ascending ranks) of a 1-D bool tensor."""
-    padded = torch.nn.functional.pad(flat, (0, -flat.numel() % block)).view(-1, block)
-    per_block = torch.count_nonzero(padded, dim=1)
-    before = per_block.cumsum(0) - per_block  # True values before each block
-    blocks = torch.searchsorted(before, ranks, right=True) - 1
-    within = ranks - before[blocks]  # rank inside its block
-    running = padded[blocks].cumsum(dim=1)  # one row per wanted rank: blocks x block, small
-    offsets = (running > within.unsqueeze(1)).to(torch.uint8).argmax(dim=1)
-    return blocks * block + offsets
 
 
 def valid_lengths(response_mask: torch.Tensor) -> list[int]:

@@ -158,9 +158,9 @@ def s2t_overrides(args, algo: str) -> list[str]:
 
 
 def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
-    from stapo.demo.progress import format_duration
-    from stapo.demo.train import run_trainer
     from stapo.rundir import read_metrics
+    from stapo.runs.progress import format_duration
+    from stapo.runs.train import run_trainer
     from stapo.spurious_log import write_summary
 
     run_dir = (root / algo).resolve()

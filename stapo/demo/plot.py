@@ -5,7 +5,7 @@ a run that logged only to wandb in offline mode (its ``wandb/offline-run-*`` log
 per quantity: reward and accuracy, policy entropy, and STAPO's mask ratio and entropy threshold tau_h.
 
 Runs are grouped by algorithm (the ``stapo sweep`` cell, a config key given with ``--group-by``, or
-the folder name without its seed, see ``stapo.sweep.runs``): one line per group, the mean over its
+the folder name without its seed, see ``stapo.runs.folder``): one line per group, the mean over its
 seeds, with a band of +- one standard error where two or more seeds logged the step. ``--per-run``
 draws one line per folder instead. ``comparison.md`` / ``.json`` next to the PNGs hold the numbers.
 """
@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from stapo.runs.folder import RunData, group_runs, load_run, read_run_metrics
 from stapo.sweep.compare import mean_se
-from stapo.sweep.runs import RunData, group_runs, load_run, read_run_metrics
 from stapo.validation import did_you_mean
 
 

@@ -80,8 +80,8 @@ def analysis_plots(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     tau_h per step from its metrics) and, where it logged silenced tokens, its spurious-token table."""
     from omegaconf import OmegaConf
 
+    from stapo.runs.folder import read_run_metrics
     from stapo.spurious_log import write_summary
-    from stapo.sweep.runs import read_run_metrics
 
     written = []
     for run_dir in map(Path, run_dirs):

@@ -42,8 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from stapo.runs.folder import config_value, load_run, read_record, read_run_metrics, write_record
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan
-from stapo.sweep.runs import config_value, load_run, read_record, read_run_metrics, write_record
 
 STEP_TIME = "timing_s/step"
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -79,7 +79,7 @@ def total_steps(overrides: list[str]) -> int:
 
 
 def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
-    from stapo.demo.train import run_trainer
+    from stapo.runs.train import run_trainer
 
     overrides = run.overrides(common)
     write_record(run, launcher="local", overrides=overrides, started_at=time.time())
@@ -107,8 +107,8 @@ def compare(
     """The comparison of every planned run that has metrics; returns the files written.
 
     Raises :class:`UnknownBaseline` after writing the comparison without its paired table."""
+    from stapo.runs.folder import group_runs
     from stapo.sweep.compare import write_comparison
-    from stapo.sweep.runs import group_runs
 
     loaded = []
     for run in runs:
@@ -138,7 +138,7 @@ def compare(
 
 def run_all(args: argparse.Namespace, runs: list[PlannedRun], common: list[str]) -> list[PlannedRun]:
     """Every unfinished run, here or as Ray jobs; returns the runs that failed."""
-    from stapo.demo.train import repo_root
+    from stapo.runs.train import repo_root
 
     todo, failed = [], []
     for index, run in enumerate(runs, 1):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.eval.val_metrics import benchmark_val_metrics
-from stapo.sweep.runs import RunData
+from stapo.runs.folder import RunData
 
 ACC = "val/average/acc"
 ENTROPY = "actor/entropy"

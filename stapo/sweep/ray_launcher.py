@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stapo.demo.progress import Progress, format_duration
 from stapo.rundir import read_metrics
+from stapo.runs.folder import config_value, read_record, write_record
+from stapo.runs.progress import Progress, format_duration
 from stapo.sweep.grid import PlannedRun
-from stapo.sweep.runs import config_value, read_record, write_record
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 HEARTBEAT_S = 60.0

@@ -13,7 +13,9 @@ The spurious-token log fetches the token ids of the few rows it names on its own
 
 from __future__ import annotations
 
+import math
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,9 +26,10 @@ from tensordict import TensorDict
 from torch.nn.utils.rnn import pad_sequence
 
 from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask
-from stapo.spurious_log import append_jsonl, spread_positions, spurious_records, valid_lengths
+from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
+from stapo.token_sample import spread_positions
+from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
 from stapo.verl_plugin.jagged import flat_fields
-from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics, reward_extra_means
 
 REWARD_EXTRA_FIELD = "extra_fields"
 # the old-pass fields every due diagnostic reads
@@ -76,7 +79,7 @@ class DriverDiagnostics:
 
     settings: MaskSettings
     spec: MaskSpec
-    diagnostics: StepDiagnostics
+    diagnostics: GridAndSample
     spurious_log: SpuriousTokenLog
     pad_token_id: int = 0
     tokenizer: Any = None
@@ -182,3 +185,15 @@ class DriverDiagnostics:
         for record in records:
             record["sample"] = int(picked[record["sample"]])
         append_jsonl(log.path, records)
+
+
+def reward_extra_means(extra_fields: list) -> dict[str, float]:
+    """Mean of every numeric ``reward_extra_info`` value over the batch, as ``reward/<key>/mean``."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for item in extra_fields:
+        item = getattr(item, "data", item)  # a TensorDict non-tensor entry wraps the dict
+        info = item.get("reward_extra_info", {}) if isinstance(item, dict) else {}
+        for key, value in info.items():
+            if isinstance(value, bool | int | float) and math.isfinite(float(value)):
+                values[key].append(float(value))
+    return {f"reward/{key}/mean": sum(found) / len(found) for key, found in values.items()}

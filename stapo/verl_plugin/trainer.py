@@ -28,6 +28,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import finalize_metrics, get_token_mask
 from stapo.verl_plugin.actor_worker import STAPOActorWorker
+from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
 from stapo.verl_plugin.driver_diagnostics import DriverDiagnostics
 from stapo.verl_plugin.losses import (
     DEFINED_SUFFIX,
@@ -38,7 +39,6 @@ from stapo.verl_plugin.losses import (
     mask_settings,
 )
 from stapo.verl_plugin.run_checks import validate_run_config
-from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class STAPOTrainer(PPOTrainerSync):
         self._driver_diagnostics = DriverDiagnostics(
             self._settings,
             self._mask,
-            StepDiagnostics.from_config(stapo_config),
+            GridAndSample.from_config(stapo_config),
             SpuriousTokenLog.from_config(stapo_config),
             pad_token_id=self.tokenizer.pad_token_id,
             tokenizer=self.tokenizer,

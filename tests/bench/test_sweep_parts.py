@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from stapo.demo.plot import group_series, plot_groups
+from stapo.runs.folder import group_runs, load_run, name_and_seed
 from stapo.sweep.compare import mean_se, summarize_group, write_comparison
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan, split_values
-from stapo.sweep.runs import group_runs, load_run, name_and_seed
 from stapo.validation import STAPOConfigError
 from stapo.wandb_offline import read_history, read_records, wandb_files
 

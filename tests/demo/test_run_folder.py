@@ -9,10 +9,13 @@ import pytest
 import torch
 
 from stapo.demo.plot import plot_runs, run_labels, series
-from stapo.demo.progress import Progress, format_duration, parse_step_line, parse_steps
 from stapo.rundir import metric_segments, read_metrics, rotate_metrics
-from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, spread_evenly, spread_positions, write_summary
-from stapo.verl_plugin.run_log import SpuriousTokenLog, reward_extra_means
+from stapo.runs.progress import Progress, format_duration, parse_step_line, parse_steps
+from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, write_summary
+from stapo.token_sample import spread_positions
+from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
+from stapo.verl_plugin.driver_diagnostics import reward_extra_means
+from tests.spurious_log_reference import spread_evenly, write_padded_log
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -147,7 +150,7 @@ def test_spurious_token_log_caps_tokens_and_decodes_context(tmp_path):
         "entropy": torch.full((2, 6), 0.5),
         "response_mask": response_mask,
     }
-    log.write(2, responses, spurious, padded, _CharTokenizer())
+    write_padded_log(log, 2, responses, spurious, padded, _CharTokenizer())
     records = [json.loads(line) for line in (tmp_path / "spurious_tokens.jsonl").read_text().splitlines()]
     # capped at 3 of 6: the middle token of each third of the batch, not the first three
     assert [(r["sample"], r["position"]) for r in records] == [(0, 4), (1, 2), (1, 5)]
@@ -170,7 +173,7 @@ def test_spurious_token_log_is_off_without_a_run_dir_or_with_every_zero(tmp_path
 
 
 def test_a_capped_log_spreads_evenly_over_the_whole_batch():
-    """Issue 11: a cap of N kept the first N tokens, i.e. the first prompts of the batch only."""
+    """A cap of N must not keep the first N tokens, i.e. the first prompts of the batch only."""
     spurious = torch.zeros(100, 50, dtype=torch.bool)
     spurious[:, ::5] = True  # 1,000 silenced tokens, 10 per response
     kept = spread_evenly(spurious, 20)

@@ -2,7 +2,7 @@
 
 Everything is real: Ray on loopback, verl's v1 trainer and TaskRunner, FSDP2 over gloo, the HF
 rollout server, the reference worker, the reward, the STAPO update. Only the GPU is absent. The
-child process is run and watched by ``stapo.demo.recipe_process`` (the demo's runner).
+child process is run and watched by ``stapo.runs.process`` (the demo's runner).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stapo.demo.progress import parse_steps
-from stapo.demo.recipe_process import run_recipe_process
+from stapo.runs.process import run_recipe_process
+from stapo.runs.progress import parse_steps
 
 REPO = Path(__file__).resolve().parents[2]
 

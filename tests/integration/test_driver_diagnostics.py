@@ -19,10 +19,12 @@ import torch
 from tensordict import NonTensorStack, TensorDict
 
 from benchmarks.tq_roundtrip import PARTITION, driver_diagnostics, quiet, transfer_queue
-from stapo.ablation import threshold_grid, token_sample
+from stapo.ablation import threshold_grid
 from stapo.masks import MaskInputs, build_token_mask
-from stapo.verl_plugin.run_log import SpuriousTokenLog
+from stapo.token_sample import token_sample
+from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
 from tests.integration.verl_batches import response_rows
+from tests.spurious_log_reference import write_padded_log
 
 
 def _nested(rows):
@@ -47,7 +49,8 @@ def _reference(batch, settings, diagnostics, log: SpuriousTokenLog, tokenizer):
     grid = threshold_grid(log_prob, entropy, advantages, mask, diagnostics.tau_ps, diagnostics.qs)
     metrics = {"actor/stapo/ablation/" + k: v for k, v in grid.items()}
     padded = {"old_log_probs": log_prob, "entropy": entropy, "response_mask": mask}
-    log.write(1, _padded(batch["responses"], tokenizer.pad_token_id), built.drop_response, padded, tokenizer)
+    write_padded_log(log, 1, _padded(batch["responses"], tokenizer.pad_token_id), built.drop_response, padded,
+                     tokenizer)
     sample = token_sample(log_prob, entropy, advantages, mask, built.drop_response, diagnostics.sample_size)
     return metrics, sample
 

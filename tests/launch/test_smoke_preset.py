@@ -15,7 +15,7 @@ import pytest
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
-from stapo.doctor import checks
+from stapo.doctor import checks, tracebacks
 from stapo.doctor.smoke import SMOKE_PRESET, job_address, smoke_overrides, total_steps
 from stapo.verl_plugin.run_checks import validate_run_config
 from tests.e2e.test_compose import compose_recipe, resolved_recipe
@@ -100,7 +100,7 @@ CHAINED = """\
     ],
 )
 def test_first_error_line_names_the_cause(log, expected):
-    found = checks.first_error_line(log)
+    found = tracebacks.first_error_line(log)
     assert (found is None) if expected is None else found.startswith(expected), found
 
 

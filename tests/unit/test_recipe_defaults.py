@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from stapo.verl_plugin.run_log import SpuriousTokenLog, StepDiagnostics
+from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
 
 RECIPE = Path(__file__).resolve().parents[2] / "conf" / "stapo_trainer.yaml"
 
@@ -19,15 +19,15 @@ def test_recipe_yaml_spells_out_the_diagnostics_defaults():
         "max_tokens": SpuriousTokenLog.max_tokens,
         "context": SpuriousTokenLog.context,
     }
-    assert stapo.ablation.every == StepDiagnostics.ablation_every
-    assert tuple(stapo.ablation.tau_p) == StepDiagnostics.tau_ps
-    assert tuple(stapo.ablation.q) == StepDiagnostics.qs
-    assert (stapo.token_sample.every, stapo.token_sample.size) == (StepDiagnostics.sample_every,
-                                                                   StepDiagnostics.sample_size)
+    assert stapo.ablation.every == GridAndSample.ablation_every
+    assert tuple(stapo.ablation.tau_p) == GridAndSample.tau_ps
+    assert tuple(stapo.ablation.q) == GridAndSample.qs
+    assert (stapo.token_sample.every, stapo.token_sample.size) == (GridAndSample.sample_every,
+                                                                   GridAndSample.sample_size)
 
 
 def test_absent_keys_take_the_same_defaults_as_the_yaml(tmp_path):
     from_yaml = OmegaConf.load(RECIPE).stapo
     from_yaml.run_dir = str(tmp_path)
     assert SpuriousTokenLog.from_config({"run_dir": str(tmp_path)}) == SpuriousTokenLog.from_config(from_yaml)
-    assert StepDiagnostics.from_config({"run_dir": str(tmp_path)}) == StepDiagnostics.from_config(from_yaml)
+    assert GridAndSample.from_config({"run_dir": str(tmp_path)}) == GridAndSample.from_config(from_yaml)

@@ -1,5 +1,6 @@
-"""What the STAPO trainer writes beside verl's metrics: silenced tokens, the threshold ablation grid,
-a token sample for the probability-entropy map, and reward extra info.
+"""The settings of what the driver writes beside verl's metrics on the steps that are due: the silenced
+tokens (``SpuriousTokenLog``), the threshold ablation grid and the token sample of the probability-entropy
+map (``GridAndSample``); ``driver_diagnostics`` runs them.
 
 Both run inside the trainer (verl's TaskRunner process), which holds the tokenizer and the whole
 batch after advantages. Files go to ``stapo.run_dir``; put it on shared storage in a cluster. The
@@ -9,16 +10,13 @@ verl's batch (``old_log_probs``, ``entropy``, ``response_mask``).
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from stapo.ablation import DEFAULT_QS, DEFAULT_TAU_PS, threshold_grid, token_sample
-from stapo.spurious_log import LOG_NAME, append_jsonl, spread_evenly, spurious_records, valid_lengths
+from stapo.ablation import DEFAULT_QS, DEFAULT_TAU_PS, threshold_grid
+from stapo.spurious_log import LOG_NAME, append_jsonl
+from stapo.token_sample import token_sample
 
 ABLATION_PREFIX = "actor/stapo/ablation/"
 SAMPLE_NAME = "token_samples.jsonl"
@@ -48,26 +46,9 @@ class SpuriousTokenLog:
     def wants(self, step: int) -> bool:
         return self.path is not None and step % self.every == 0
 
-    def write(self, step: int, responses: torch.Tensor, spurious: torch.Tensor, padded, tokenizer) -> None:
-        """Append this step's records (at most ``max_tokens``, spread over the batch) and flush."""
-        keep = spread_evenly(spurious, self.max_tokens)
-        if not bool(keep.any()):
-            return
-        records = spurious_records(
-            responses,
-            keep,
-            padded["old_log_probs"].float(),
-            padded["entropy"].float(),
-            lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-            context=self.context,
-            step=step,
-            lengths=valid_lengths(padded["response_mask"]),
-        )
-        append_jsonl(self.path, records)
-
 
 @dataclass(frozen=True)
-class StepDiagnostics:
+class GridAndSample:
     """``stapo.ablation`` (the threshold grid, as metrics) and ``stapo.token_sample`` (run_dir file).
 
     The defaults here are the recipe's (conf/stapo_trainer.yaml spells them out; a test keeps the two
@@ -81,7 +62,7 @@ class StepDiagnostics:
     sample_size: int = 2000
 
     @classmethod
-    def from_config(cls, stapo_config: Any) -> StepDiagnostics:
+    def from_config(cls, stapo_config: Any) -> GridAndSample:
         stapo_config = stapo_config or {}
         ablation = stapo_config.get("ablation") or {}
         sample = stapo_config.get("token_sample") or {}
@@ -109,15 +90,3 @@ class StepDiagnostics:
     def write_sample(self, step: int, log_prob, entropy, advantages, response_mask, silenced) -> None:
         records = token_sample(log_prob, entropy, advantages, response_mask, silenced, self.sample_size)
         append_jsonl(self.sample_path, [{"step": step, **record} for record in records])
-
-
-def reward_extra_means(extra_fields: list) -> dict[str, float]:
-    """Mean of every numeric ``reward_extra_info`` value over the batch, as ``reward/<key>/mean``."""
-    values: dict[str, list[float]] = defaultdict(list)
-    for item in extra_fields:
-        item = getattr(item, "data", item)  # a TensorDict non-tensor entry wraps the dict
-        info = item.get("reward_extra_info", {}) if isinstance(item, dict) else {}
-        for key, value in info.items():
-            if isinstance(value, bool | int | float) and math.isfinite(float(value)):
-                values[key].append(float(value))
-    return {f"reward/{key}/mean": sum(found) / len(found) for key, found in values.items()}

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from stapo.demo.recipe_process import run_recipe_process
-from stapo.demo.train import run_trainer
+from stapo.runs.process import run_recipe_process
+from stapo.runs.train import run_trainer
 
 
 @pytest.mark.slow  # starts processes: out of make test-fast
