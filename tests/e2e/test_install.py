@@ -20,13 +20,19 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SKIP = shutil.ignore_patterns(".git", ".venv", "build", "dist", "runs", "outputs", "__pycache__", "*.egg-info")
+ROOT_ONLY = {".git", ".venv", "build", "dist", "runs", "outputs"}  # run folders at the root, not stapo/runs/
+ANYWHERE = shutil.ignore_patterns("__pycache__", "*.egg-info")
+
+
+def skip(directory: str, names: list[str]) -> set[str]:
+    skipped = set(ANYWHERE(directory, names))
+    return skipped | (ROOT_ONLY & set(names) if Path(directory) == REPO else set())
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("src") / "stapo"
-    shutil.copytree(REPO, source, ignore=SKIP)
+    shutil.copytree(REPO, source, ignore=skip)
     out = tmp_path_factory.mktemp("wheel")
     build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), "."]
     done = subprocess.run(build, cwd=source, capture_output=True, text=True, timeout=300)
@@ -40,7 +46,8 @@ def test_the_wheel_carries_every_config_and_the_recipe(wheel):
     configs = {f"stapo/conf/{path.relative_to(REPO / 'conf')}" for path in (REPO / "conf").rglob("*.yaml")}
     assert "stapo/conf/stapo_trainer.yaml" in configs and "stapo/conf/logger/all.yaml" in configs
     assert configs <= names, sorted(configs - names)
-    assert {"recipe/stapo/main_stapo.py", "stapo/config_dir.py", "stapo/verl_plugin/entry.py"} <= names
+    modules = {"recipe/stapo/main_stapo.py", "stapo/config_dir.py", "stapo/verl_plugin/entry.py", "stapo/runs/train.py"}
+    assert modules <= names
 
 
 def test_the_installed_recipe_composes_from_the_installed_configs(wheel, tmp_path):
