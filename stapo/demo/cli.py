@@ -201,6 +201,9 @@ def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
 
 def model_path(args) -> str:
     if args.model:
+        from stapo.input_checks import check_model_path
+
+        check_model_path(args.model, key="--model")  # refused here, before any data is written or run started
         return args.model
     from stapo.models.smollm2 import smollm2_path
 
@@ -230,6 +233,15 @@ def run_analysis(args) -> int:
     return 0
 
 
+def check_every_run(args, root: Path, data_dir: Path, model: str) -> None:
+    """The recipe's own checks (``stapo check``) on every run this demo will start, before the first: an extra
+    override the recipe refuses fails now, in one line, not after the first run's minutes."""
+    from stapo.check import check_run, compose_run
+
+    for algo in [args.algo, *args.compare]:
+        check_run(compose_run(trainer_overrides(args, algo, root / algo, data_dir, model)))
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     check_args(args)
@@ -248,6 +260,7 @@ def main(argv: list[str]) -> int:
         f"{args.heldout} held out",
         flush=True,
     )
+    check_every_run(args, root, data_dir, model)
     summaries = [train_one(args, algo, root, data_dir, model) for algo in [args.algo, *args.compare]]
     written = plot_runs([Path(s["run_dir"]) for s in summaries], root / "plots")
     (root / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")

@@ -224,6 +224,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_cells(runs: list[PlannedRun], common: list[str], paths: bool) -> None:
+    """The recipe's own checks (``stapo check``) on every run of the grid, before the first one starts: a cell
+    the recipe would refuse (an unknown algorithm, a bad value) is refused now, naming the cell, instead of
+    failing when its turn comes. ``paths``: also the model and data files (they are on this machine for a
+    local sweep; on a cluster's nodes for ``--launcher ray``)."""
+    from stapo.check import check_run, compose_run
+    from stapo.validation import STAPOConfigError
+
+    for run in runs:
+        try:
+            check_run(compose_run(run.overrides(common)), paths=paths)
+        except STAPOConfigError as error:
+            raise STAPOConfigError(f"sweep cell {run.cell} seed {run.seed}: {error}") from None
+
+
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -242,6 +257,8 @@ def main(argv: list[str]) -> int:
             )
     common = list(args.overrides)
     meta = {"command": "stapo sweep " + shlex.join(argv), "grid": {a.key: list(a.values) for a in axes}}
+    if not args.compare_only:
+        check_cells(runs, common, paths=args.launcher == "local")
     if args.dry_run:
         for run in runs:
             state = "done" if is_finished(run.run_dir) else "to run"

@@ -381,6 +381,25 @@ def test_dry_run_and_compare_only(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    ("cell", "message"),
+    [
+        ("algo=stapo,stapoo", "sweep cell algo=stapoo seed 1: algo=stapoo"),
+        ("actor_rollout_ref.actor.policy_loss.tau_p=0.002,1.5", "must be a probability in (0, 1)"),
+    ],
+)
+def test_a_cell_the_recipe_refuses_is_refused_before_any_run_even_in_a_dry_run(tmp_path, capsys, cell, message):
+    """Every cell goes through the recipe's own checks first: not '[to run]', not a failure when its turn comes."""
+    from stapo.cli import main
+
+    argv = ["sweep", "--grid", cell, "--seeds", "1", "--out", str(tmp_path), "--dry-run", "--", "model_preset=tiny"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "[to run]" not in captured.out
+    (line,) = [line for line in captured.err.splitlines() if line.strip()]
+    assert line.startswith("stapo") and message in line, line
+
+
+@pytest.mark.parametrize(
     ("option", "value"), [("--max-parallel", "0"), ("--max-parallel", "two"), ("--poll", "0"), ("--poll", "x")]
 )
 def test_ray_options_outside_their_range_are_refused_by_name(tmp_path, capsys, option, value):

@@ -174,3 +174,12 @@ def test_doctor_refuses_a_negative_time_limit(flag, capsys):
     with pytest.raises(SystemExit) as exit_:
         parse_args(["--address", "127.0.0.1:1", flag, "-5"])
     assert exit_.value.code == 2 and f"{flag}=-5: must be a number of seconds > 0" in capsys.readouterr().err
+
+
+def test_demo_refuses_a_missing_model_before_writing_anything(tmp_path, capsys):
+    from stapo.cli import main
+
+    assert main(["demo", "--model", "/nonexistent", "--out", str(tmp_path / "demo")]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert line.startswith("stapo") and "--model=/nonexistent: no such folder" in line, line
+    assert not (tmp_path / "demo").exists()
