@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import stapo
-from stapo.runs.progress import Progress, format_duration, parse_step_line
 from stapo.runs.process import recipe_command, run_recipe_process
+from stapo.runs.progress import Progress, format_duration, parse_step_line
 
 HEARTBEAT_S = 60.0
 
