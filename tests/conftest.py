@@ -21,7 +21,7 @@ pytest_plugins = ["tests.e2e.shared_runs"]
 
 # The CLI and the doctor set RAY_AUTH_MODE in their own process, as a user's driver needs. In the one
 # pytest process that setting would outlive the test and make every later ray.init start a cluster
-# that demands a token nobody holds (CI stop 17 failed that way), so each test gets these back.
+# that demands a token nobody holds, so each test gets these back.
 _RAY_AUTH_KEYS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 

@@ -61,7 +61,7 @@ def port_plan(nodes: int, singles: int, range_size: int = 200) -> tuple[list[ran
 
     Ray refuses to start a node whose fixed ports fall inside its own worker-port range, and two nodes on
     one host must not share worker ports; choosing each independently collided about once in a hundred
-    cluster starts (CI, stop 18: the worker's agent port landed in its worker range)."""
+    cluster starts (the worker's agent port once landed in its worker range)."""
     taken: set[int] = set()
     ranges = []
     for _ in range(nodes):
