@@ -13,6 +13,7 @@ _EXCEPTION = re.compile(
 )
 # wrappers whose own line says less than the exception they carry
 _WRAPPERS = ("RayTaskError", "RayActorError", "ActorDiedError", "WorkerCrashedError", "ActorUnavailableError")
+REFUSAL_PREFIX = "stapo: "  # every refused setting, on every command (stapo.cli, the recipe)
 _ERROR_WORD = re.compile(r"\berror\b", re.IGNORECASE)
 
 
@@ -48,12 +49,16 @@ def _traceback_ends(lines: list[str]) -> list[str]:
 def first_error_line(log: str) -> str | None:
     """The line of a job log that says why it failed, or None for a log without any error.
 
-    Preference: the first exception that closes a traceback (the root cause of a chained error
+    Preference: the recipe's one-line refusal of a setting (``stapo: ...``); the first exception that
+    closes a traceback (the root cause of a chained error
     comes first; Ray's wrappers give way to the exception they carry); then any other exception
     line; then a line with the word "error" that is not a warning nor the submit script's own
     summary; that summary last.
     """
     lines = [_clean(line) for line in log.splitlines()]
+    refusals = [line.strip() for line in lines if line.startswith(REFUSAL_PREFIX)]
+    if refusals:  # the recipe refused a setting in one line (stapo.check): nothing says it better
+        return refusals[0][:300]
     ends = _traceback_ends(lines)
     direct = [line for line in ends if not _is_wrapper(line)]
     if ends:

@@ -199,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare-only", action="store_true", help="write the comparison from the run folders")
     parser.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
     parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip the recipe's checks of every run before the first starts (each run still checks itself)",
+    )
+    parser.add_argument(
         "--address",
         help=f"ray: the head's job API, http://HEAD:8265 (default: $RAY_ADDRESS, else {DEFAULT_ADDRESS})",
     )
@@ -257,7 +262,7 @@ def main(argv: list[str]) -> int:
             )
     common = list(args.overrides)
     meta = {"command": "stapo sweep " + shlex.join(argv), "grid": {a.key: list(a.values) for a in axes}}
-    if not args.compare_only:
+    if not args.compare_only and not args.no_check:
         check_cells(runs, common, paths=args.launcher == "local")
     if args.dry_run:
         for run in runs:

@@ -156,7 +156,8 @@ def _sweep(cluster, out, grid: str, *extra: str, popen: bool = False):
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_sweep_through_the_ray_launcher(cluster):
-    """`stapo sweep --launcher ray`: one good run (1 step) and one the recipe refuses, as two Ray jobs.
+    """`stapo sweep --launcher ray`: one good run (1 step) and one the recipe refuses, as two Ray jobs
+    (``--no-check``: the sweep's own check would refuse the bad cell before submitting anything).
 
     The sweep is interrupted once the good job is submitted and started again with two jobs in flight:
     it waits for that job instead of submitting it twice; the refused run fails with its error in the
@@ -169,7 +170,7 @@ def test_sweep_through_the_ray_launcher(cluster):
     tau = "actor_rollout_ref.actor.policy_loss.tau_p"
     good = out / "runs" / "tau_p-1e-3" / "seed-1"
     started = time.monotonic()
-    first = _sweep(cluster, out, f"{tau}=1e-3,2", popen=True)
+    first = _sweep(cluster, out, f"{tau}=1e-3,2", "--no-check", popen=True)
     lines = []
     for line in first.stdout:
         lines.append(line)
@@ -183,7 +184,7 @@ def test_sweep_through_the_ray_launcher(cluster):
     assert job_id in text
 
     # both in flight at once: the refused run ends before its driver asks Ray for a GPU
-    second = _sweep(cluster, out, f"{tau}=1e-3,2", "--max-parallel", "2")
+    second = _sweep(cluster, out, f"{tau}=1e-3,2", "--no-check", "--max-parallel", "2")
     log = second.stdout + second.stderr
     assert second.returncode == 1, log[-6000:]
     taken = [f"job {job_id} of an earlier sweep is {state}, taken over" in log for state in ("pending", "running")]
@@ -191,7 +192,8 @@ def test_sweep_through_the_ray_launcher(cluster):
     assert log.count("submitted as") == 1  # only the refused run was submitted
     assert f"job {job_id} succeeded" in log and "step 1/1 | reward" in log, log[-6000:]
     assert "tau_p=2 seed 1] job stapo-sweep-tau_p-2-s1-" in log and " FAILED: " in log, log[-6000:]
-    assert "tau_p" in log.split(" FAILED: ")[1] and "Error" in log.split(" FAILED: ")[1], log[-6000:]
+    # the job's log tail ends with the recipe's one-line refusal
+    assert f"stapo: {tau} must be a probability in (0, 1)" in log.split(" FAILED: ")[1], log[-6000:]
     bad = out / "runs" / "tau_p-2" / "seed-1"
     assert json.loads((bad / "sweep_run.json").read_text())["status"] == "FAILED"
     assert "tau_p" in (bad / "trainer.log").read_text()

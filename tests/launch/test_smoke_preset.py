@@ -97,6 +97,9 @@ CHAINED = """\
         ("WARNING: deprecated, will be an error later\nall good\n", None),
         ("Error executing job with overrides: []\nValueError: data.train_batch_size=3 must be > 0\n",
          "ValueError: data.train_batch_size=3 must be > 0"),
+        # the recipe's own one-line refusal (exit 2, no traceback) is the reason, over any later noise
+        ("WARNING: no accelerator\nstapo: trainer.logger='consol' is not one of verl's loggers\n"
+         "[stapo-ray 1] error: job x failed\n", "stapo: trainer.logger='consol' is not one of verl's loggers"),
     ],
 )
 def test_first_error_line_names_the_cause(log, expected):
