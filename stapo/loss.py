@@ -132,7 +132,7 @@ def geo_mean_seq_losses(
     clipped_log_ratio = sign * torch.minimum(sign * log_ratio, sign * clamped)
     maskf = mask.to(log_ratio.dtype)
     tokens = maskf.sum(dim=-1)
-    per_token = torch.where(tokens > 0, 1.0 / tokens.clamp(min=1.0), torch.zeros_like(tokens))
+    per_token = 1.0 / tokens.clamp(min=1.0)  # a response without kept tokens sums zeros: its loss is 0 either way
     seq_ratio = torch.exp((clipped_log_ratio * maskf).sum(dim=-1) * per_token)
     seq_advantage = (adv_in.detach() * maskf).sum(dim=-1) * per_token
     seq_losses = -seq_advantage * seq_ratio
