@@ -2,20 +2,27 @@
 
 The child's whole output goes to ``trainer.log`` in the run folder (flushed line by line, so a
 killed run keeps it); the console shows one progress line per step, a heartbeat while a step is
-running, and the held-out accuracy when validation reports it. Peak memory covers the child's
-whole process tree (Ray workers included). The child runs in the run folder: the recipe is an
+running, and the held-out accuracy when validation reports it. The progress lines follow the run's
+``metrics.jsonl`` (verl's file logger, one unbuffered write per step), not the console: the trainer
+prints from a Ray actor, and Ray forwards an actor's lines asynchronously, so the last step's line
+can be lost when the job shuts down (seen on a loaded 2-core machine); the file is the record.
+Peak memory covers the child's whole process tree (Ray workers included). The child runs in the run folder: the recipe is an
 installed package, so no checkout is needed.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import stapo
+from stapo.rundir import METRICS_NAME
 from stapo.runs.process import recipe_command, run_recipe_process
-from stapo.runs.progress import Progress, format_duration, parse_step_line
+from stapo.runs.progress import Progress, format_duration
 
 HEARTBEAT_S = 60.0
 
@@ -35,6 +42,52 @@ def repo_root() -> Path:
     return root
 
 
+class MetricsFollower:
+    """The steps a run appends to ``metrics.jsonl``, read as they are written.
+
+    A non-empty file there at the start belongs to an earlier run in the same folder: the recipe
+    moves it aside (``rundir.rotate_metrics``) before verl's logger creates a new one, so the
+    follower waits for a file with another inode and reads only complete lines of it.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / METRICS_NAME
+        self.stale_inode = _inode(self.path, non_empty=True)
+        self.inode: int | None = None
+        self.offset = 0
+        self.lock = threading.Lock()  # polled from the sampler thread and, at the end, the caller's
+
+    def new_steps(self) -> list[tuple[int, dict[str, float]]]:
+        with self.lock:
+            inode = _inode(self.path)
+            if inode is None or inode == self.stale_inode:
+                return []
+            if inode != self.inode:
+                self.inode, self.offset = inode, 0
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self.offset += len(complete)
+        steps = []
+        for line in complete.decode("utf-8", errors="replace").split("\n"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the empty string after the last newline
+                continue
+            data = {k: float(v) for k, v in record["data"].items() if isinstance(v, int | float)}
+            steps.append((int(record["step"]), data))
+        return steps
+
+
+def _inode(path: Path, non_empty: bool = False) -> int | None:
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_ino if stat.st_size or not non_empty else None
+
+
 @dataclass
 class TrainResult:
     returncode: int
@@ -49,8 +102,16 @@ def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: st
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "trainer.log"
     progress = Progress(total_steps, label)
+    follower = MetricsFollower(run_dir)
     steps: dict[int, dict[str, float]] = {}
     last_output = [time.monotonic()]
+
+    def report_new_steps() -> None:
+        for step, metrics in follower.new_steps():
+            steps.setdefault(step, {}).update(metrics)
+            print(progress.line(step, metrics), flush=True)
+            last_output[0] = time.monotonic()
+
     with log_path.open("a", encoding="utf-8") as log:
         log.write("$ " + " ".join(recipe_command(overrides)) + "\n")
         log.flush()
@@ -60,13 +121,9 @@ def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: st
             log.flush()
             if echo:
                 print(line, end="", flush=True)
-            parsed = parse_step_line(line)
-            if parsed:
-                steps[parsed[0]] = parsed[1]
-                print(progress.line(*parsed), flush=True)
-                last_output[0] = time.monotonic()
 
         def on_tick(elapsed: float) -> None:
+            report_new_steps()
             if time.monotonic() - last_output[0] >= HEARTBEAT_S:
                 doing = f"step {max(steps) + 1}" if steps else "start-up and validation before training"
                 print(f"[{label}] ... {doing} running, {format_duration(elapsed)} elapsed", flush=True)
@@ -77,4 +134,5 @@ def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: st
         except KeyboardInterrupt:
             print(f"\n[{label}] interrupted: the trainer was stopped (checkpoints so far are kept)", flush=True)
             raise
+    report_new_steps()  # the lines written after the last tick
     return TrainResult(run.returncode, run.seconds, run.peak_rss_bytes, steps, log_path)

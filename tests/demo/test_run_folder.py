@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from stapo.demo.plot import plot_runs, run_labels, series
-from stapo.rundir import metric_segments, read_metrics, rotate_metrics
+from stapo.rundir import METRICS_NAME, metric_segments, read_metrics, rotate_metrics
 from stapo.runs.progress import Progress, format_duration, parse_step_line, parse_steps
+from stapo.runs.train import MetricsFollower
 from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, write_summary
 from stapo.token_sample import spread_positions
 from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
@@ -241,3 +242,22 @@ def test_plot_refuses_a_file_an_unknown_group_key_and_runs_without_any_metric(tm
     assert f"no metric line could be read from ['{garbage}']" in capsys.readouterr().err
     assert plot_main([str(good), str(garbage), "--per-run", "--out", str(tmp_path / "p1")]) == 0
     assert "warning: no metric line could be read" in capsys.readouterr().err
+
+
+def test_metrics_follower_reads_complete_lines_of_the_new_file_only(tmp_path):
+    path = tmp_path / METRICS_NAME
+    path.write_text('{"step": 7, "data": {"x": 1}}\n')  # an earlier run's metrics in the same folder
+    follower = MetricsFollower(tmp_path)
+    assert follower.new_steps() == []  # not this run's: the recipe moves it aside first
+    rotate_metrics(tmp_path)
+    assert follower.new_steps() == []  # verl's logger has not created its file yet
+    with path.open("wb", buffering=0) as handle:  # as verl's FileLogger writes: unbuffered, one line a step
+        handle.write(b'{"step": 0, "data": {"val/average/acc": 0.25, "note": "text"}}\n{"step": 1, "da')
+        assert follower.new_steps() == [(0, {"val/average/acc": 0.25})]  # the torn line waits
+        handle.write(b'ta": {"timing_s/step": 3}}\n')
+        assert follower.new_steps() == [(1, {"timing_s/step": 3.0})]
+        assert follower.new_steps() == []
+    fresh = tmp_path / "fresh"
+    fresh.write_text('{"step": 1, "data": {"y": 2}}\n')
+    fresh.replace(path)  # another file (another inode) in its place: read from its start
+    assert follower.new_steps() == [(1, {"y": 2.0})]

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stapo.rundir import metric_segments, read_metrics
 from stapo.runs.process import run_recipe_process
 from stapo.runs.progress import parse_steps
 
@@ -56,4 +57,17 @@ def run_recipe(
     if run.timed_out:
         lines.append(f"\n[test] killed after {timeout} s\n")
     log = "".join(lines)
-    return Run(run.returncode, log, run.seconds, run.peak_rss_bytes, parse_steps(log))
+    return Run(run.returncode, log, run.seconds, run.peak_rss_bytes, logged_steps(log, overrides))
+
+
+def logged_steps(log: str, overrides: list[str]) -> dict[int, dict[str, float]]:
+    """The console's step lines, completed from ``metrics.jsonl`` when the run has a run folder.
+
+    The trainer prints from a Ray actor whose lines Ray forwards asynchronously: the last one can
+    be lost when the job shuts down, while verl's file logger has written it (unbuffered)."""
+    steps = parse_steps(log)
+    run_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("stapo.run_dir=")]
+    if run_dirs and metric_segments(run_dirs[-1]):
+        for step, metrics in read_metrics(run_dirs[-1]).items():
+            steps.setdefault(step, metrics)
+    return steps
