@@ -6,8 +6,8 @@ running, and the held-out accuracy when validation reports it. The progress line
 ``metrics.jsonl`` (verl's file logger, one unbuffered write per step), not the console: the trainer
 prints from a Ray actor, and Ray forwards an actor's lines asynchronously, so the last step's line
 can be lost when the job shuts down (seen on a loaded 2-core machine); the file is the record.
-Peak memory covers the child's whole process tree (Ray workers included). The child runs in the run folder: the recipe is an
-installed package, so no checkout is needed.
+Peak memory covers the child's whole process tree (Ray workers included). The child runs in the
+run folder: the recipe is an installed package, so no checkout is needed.
 """
 
 from __future__ import annotations
