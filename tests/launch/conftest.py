@@ -8,7 +8,8 @@ same machine). Used by tests/launch/test_cluster.py and tests/launch/test_smoke_
 each started their own cluster before.
 
 ``two_node_job``: the tiny STAPO job on two nodes (trainer.nnodes=2 trainer.n_gpus_per_node=1, 2 steps,
-checkpoint at step 2 on the shared directory), submitted once through `stapo doctor --smoke`, which
+checkpoint at step 2 on the shared directory) on verl's vLLM rollout (vLLM's CPU build, one replica a
+node, as a GPU job runs), submitted once through `stapo doctor --smoke`, which
 submits it with launch/ray/submit.sh and waits for it. Both test_cluster.py (the submit.sh job and its
 checkpoint) and test_smoke_cluster.py (the smoke report) read it; each submitted the same job before.
 """
@@ -57,7 +58,8 @@ class TwoNodeJob:
 def two_node_job(cluster) -> TwoNodeJob:
     ckpt = cluster.shared / "job-ckpt"
     started = time.monotonic()
-    result = smoke(cluster, "algo=stapo", "trainer.save_freq=2", f"trainer.default_local_dir={ckpt}")
+    result = smoke(cluster, "algo=stapo", "trainer.save_freq=2", f"trainer.default_local_dir={ckpt}",
+                   "actor_rollout_ref.rollout.name=vllm")
     seconds = time.monotonic() - started
     report, job_id, log = None, None, ""
     try:
@@ -70,5 +72,5 @@ def two_node_job(cluster) -> TwoNodeJob:
         job_id = head.removeprefix("job ")
         if Path(path).is_file():
             log = Path(path).read_text(errors="replace")
-    print(f"[launch] tiny STAPO job, 2 nodes x 1 slot, 2 steps, submitted with submit.sh: {seconds:.0f} s")
+    print(f"[launch] tiny STAPO job on vLLM, 2 nodes x 1 slot, 2 steps, submitted with submit.sh: {seconds:.0f} s")
     return TwoNodeJob(result, report, job_id, log, ckpt, seconds)

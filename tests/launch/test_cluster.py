@@ -111,6 +111,7 @@ def test_tiny_stapo_job_on_two_nodes_through_submit_sh(cluster, two_node_job):
     assert f"ray job logs --address {cluster.dashboard_url} --follow {job_id}" in log
     assert f"ray job stop --address {cluster.dashboard_url} {job_id}" in log
     assert "step:2 - " in log and "actor/stapo/mask_ratio" in log, log[-8000:]
+    assert "vLLMHttpServer" in log and "training/rollout_probs_diff_max" in log  # verl's vLLM rollout, synced
     # two FSDP ranks, one per node (each node has exactly one slot), wrote to the shared directory
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     actor = ckpt / "global_step_2" / "actor"

@@ -107,3 +107,28 @@ def test_model_builds_deterministically_and_is_cached(tmp_path):
     assert config.head_dim == 32 and config.eos_token_id == tokenizer.eos_token_id
     assert config.vocab_size == len(tokenizer)
     assert build_testbed_model(tmp_path / "a", {**QUICK, "sft_steps": 4}) != first  # the key is the recipe
+
+
+def test_gain_adamw_gives_the_norm_gains_a_larger_step_and_no_decay():
+    import torch
+
+    from stapo.models.testbed.optim import GainAdamW
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup
+
+    matrix, gain = torch.nn.Parameter(torch.full((4, 4), 0.02)), torch.nn.Parameter(torch.ones(4))
+    optimizer = GainAdamW(iter([matrix, gain]), lr=1e-5, weight_decay=0.01, betas=(0.9, 0.999), gain_lr_scale=100)
+    matrices, gains = optimizer.param_groups
+    assert matrices["params"] == [matrix] and gains["params"] == [gain]  # the matrices first: verl logs their lr
+    assert gains["lr"] == 100 * matrices["lr"] and gains["weight_decay"] == 0.0 and matrices["weight_decay"] == 0.01
+    (matrix.sum() + gain.sum()).backward()
+    before = matrix.detach().clone(), gain.detach().clone()
+    optimizer.step()  # a fresh Adam step moves each weight by its lr (plus the decay)
+    assert (before[1] - gain).abs().max().item() == pytest.approx(1e-3, rel=1e-3)
+    assert (before[0] - matrix).abs().max().item() == pytest.approx(1e-5 * (1 + 0.02 * 0.01), rel=1e-3)
+    scheduler = get_constant_schedule_with_warmup(optimizer, num_warmup_steps=10)  # as verl's actor builds it
+    for _ in range(3):
+        optimizer.step()
+        scheduler.step()
+        assert optimizer.param_groups[1]["lr"] == pytest.approx(100 * optimizer.param_groups[0]["lr"])
+    with pytest.raises(ValueError):
+        GainAdamW([{"params": [matrix]}], lr=1e-5)
