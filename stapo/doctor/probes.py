@@ -27,6 +27,7 @@ from stapo.doctor.checks import (
     check_plugin,
     check_resources,
     check_versions,
+    check_vllm,
 )
 
 MARKER_DIR = ".stapo-doctor"
@@ -136,6 +137,37 @@ def ensure_auth_env() -> None:
     token_path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
     if os.environ.get("RAY_AUTH_TOKEN") or (os.path.isfile(token_path) and os.path.getsize(token_path) > 0):
         os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def probe_vllm() -> dict[str, Any]:
+    """In a Ray worker: the vLLM installed there and the parts of its interface verl 0.9.1 calls.
+
+    verl 0.9.1 was written against vLLM 0.24 (its GPU extra's pin): its ``vLLMHttpServer`` calls
+    ``AsyncLLM.pause_generation(wait_for_inflight_requests=False, ...)`` on every abort before a weight
+    sync, and ``OutputProcessor.abort_requests(request_ids)`` for a single request. Later vLLMs
+    deprecated the first argument (0.31) and removed it (0.32), and made ``internal`` a required
+    argument of the second (0.31; stapo/verl_plugin/cpu/vllm_shims.py gives it its default again)."""
+    import inspect
+    from importlib import metadata
+
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return {"version": None}
+    plugins = os.environ.get("VLLM_PLUGINS")
+    facts: dict[str, Any] = {"version": version, "plugins_env": plugins,
+                             "shim_allowed": plugins is None or "stapo_cpu" in plugins.split(",")}
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.output_processor import OutputProcessor
+
+        facts["pause_takes_wait_flag"] = "wait_for_inflight_requests" in inspect.signature(
+            AsyncLLM.pause_generation).parameters
+        internal = inspect.signature(OutputProcessor.abort_requests).parameters.get("internal")
+        facts["abort_needs_internal"] = internal is not None and internal.default is inspect.Parameter.empty
+    except Exception as error:  # noqa: BLE001 - reported, not raised
+        facts["import_error"] = f"{type(error).__name__}: {error}"[:500]
+    return facts
 
 
 def alive_nodes() -> list[Node]:
@@ -252,6 +284,13 @@ def examine_cluster(args: argparse.Namespace, plan: dict[str, Any]) -> tuple[lis
 
     if "network" in wanted:
         results.append(check_network(probes, labels))
+
+    if "vllm" in wanted:
+        vllm_refs = {n.node_id: _pinned(probe_vllm, n.node_id).remote() for n in nodes}
+        facts, vllm_errors = _gather(vllm_refs, args.timeout, "the vLLM probe", labels)
+        for node_id, error in vllm_errors.items():
+            facts[node_id] = {"version": "?", "import_error": error}
+        results.append(check_vllm(facts, labels))
     return nodes, results
 
 

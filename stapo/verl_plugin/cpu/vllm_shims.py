@@ -2,8 +2,10 @@
 
 vLLM loads this module itself, in every process it starts (the HTTP server actor, the engine core,
 its workers), through its general-plugin entry point (``vllm.general_plugins`` in pyproject.toml).
-Each shim names the vLLM version it is for and why it is needed; on any other platform than vLLM's
-CPU one (a GPU image with this package installed) ``apply`` does nothing.
+Each shim names the vLLM version it is for and why it is needed. ``keep_linear_weights`` acts on
+vLLM's CPU platform only; ``abort_by_external_id`` wherever vLLM's signature asks for it (a no-op on
+vLLM 0.24, the version verl 0.9.1's GPU extra pins). ``stapo doctor`` checks the rest of the
+interface verl calls (stapo/doctor/probes.py ``probe_vllm``).
 """
 
 from __future__ import annotations
@@ -63,7 +65,6 @@ def apply() -> None:
     """vLLM's general-plugin hook: runs once per process vLLM starts."""
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return
-    keep_linear_weights()
     abort_by_external_id()
+    if current_platform.is_cpu():
+        keep_linear_weights()
