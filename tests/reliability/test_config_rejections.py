@@ -211,6 +211,8 @@ RAY_STARTED = re.compile(r"Started a local Ray instance|ray init kwargs|ray\.ini
         (f"{PL}.tau_pp=0.1", "tau_pp"),
         ("data.train_batch_size=6", f"data.train_batch_size (6) must be a multiple of {MINI} (4)"),
         ("trainer.v1.trainer_mode=sync", f"{PL}.token_mask=stapo needs trainer.v1.trainer_mode=stapo"),
+        # the tiny preset asks for the CPU back-end in Ray's runtime env: a device other than cpu is refused
+        ("trainer.device=cuda", "stapo: STAPO_CPU_BACKEND=1 runs verl on the CPU: it needs trainer.device=cpu"),
     ],
 )
 @pytest.mark.slow  # starts processes: out of make test-fast

@@ -50,11 +50,13 @@ def enable_for_run(config) -> bool:
     import torch
     from omegaconf import OmegaConf
 
+    from stapo.validation import STAPOConfigError
+
     device = config.trainer.get("device", "cuda")
     asked = requested() or _runtime_env_flag(config) == "1"
     if not asked and device == "cpu":
         if torch.cuda.is_available():
-            raise RuntimeError(
+            raise STAPOConfigError(
                 "trainer.device=cpu on a machine with a CUDA device: the STAPO CPU back-end (gloo, HF-generate "
                 f"rollout) only runs there when asked; set {ENV_FLAG}=1 to force it, or use trainer.device=cuda"
             )
@@ -62,7 +64,7 @@ def enable_for_run(config) -> bool:
     if not asked:
         return False
     if device != "cpu":
-        raise RuntimeError(f"{ENV_FLAG}=1 runs verl on the CPU: it needs trainer.device=cpu (got {device!r})")
+        raise STAPOConfigError(f"{ENV_FLAG}=1 runs verl on the CPU: it needs trainer.device=cpu (got {device!r})")
     os.environ[ENV_FLAG] = "1"
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}", "1", force_add=True)
     activate_if_requested()
