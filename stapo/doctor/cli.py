@@ -46,6 +46,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "pass/fail with the first error line of its log",
     )
     parser.add_argument(
+        "--no-check",
+        action="store_true",
+        help="with --smoke: submit without checking the job's config here first (the job then refuses a bad "
+        "setting itself, after the cluster has started it)",
+    )
+    parser.add_argument(
         "--smoke-timeout",
         type=float,
         default=1800.0,
@@ -192,10 +198,28 @@ def _print_report(
     _print_results(results, args.verbose)
 
 
+def config_refusal(overrides: list[str]) -> str | None:
+    """The recipe's one-line refusal of the smoke job's config, checked here before anything is submitted
+    (the paths are the cluster's: they are checked by the job)."""
+    from stapo.check import check_run, compose_run
+    from stapo.validation import STAPOConfigError, refusal_line
+
+    try:
+        check_run(compose_run(overrides), paths=False)
+    except STAPOConfigError as error:
+        return refusal_line(error)
+    return None
+
+
 def _smoke(args: argparse.Namespace) -> int:
     from stapo.doctor.smoke import job_address, run_smoke, smoke_overrides, total_steps
 
     overrides = smoke_overrides(args.overrides)
+    if not args.no_check:
+        refusal = config_refusal(overrides)
+        if refusal:
+            print(refusal, file=sys.stderr)
+            return 2
     api = job_address(args.address)
     unreachable = gcs_reachable(api.split("://", 1)[1], timeout=10.0)
     if unreachable:

@@ -216,11 +216,11 @@ def start_cluster(
     return cluster
 
 
-def smoke(cluster: LocalCluster, *overrides: str) -> subprocess.CompletedProcess:
+def smoke(cluster: LocalCluster, *overrides: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`stapo doctor --smoke --json` with the tiny CPU preset in place of the GPU smoke preset, 2 nodes x 1 slot."""
     started = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "stapo.cli", "doctor", "--smoke", "--json", "--address", cluster.dashboard_url,
+        [sys.executable, "-m", "stapo.cli", "doctor", "--smoke", "--json", *flags, "--address", cluster.dashboard_url,
          "model_preset=tiny", "trainer.nnodes=2", "trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",
          *overrides],
         check=False, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=900,

@@ -209,3 +209,10 @@ def test_vllm_check_skips_without_vllm_and_fails_one_that_does_not_import():
     broken = dict(absent, **{nodes[1].node_id: {"version": "0.31.0+cpu", "import_error": "ImportError: libfoo"}})
     result = checks.check_vllm(broken, _labels(nodes))
     assert result.status == FAIL and "does not import: ImportError: libfoo" in result.details[0], result
+
+
+def test_smoke_refuses_a_bad_config_before_submitting_it():
+    refusal = cli.config_refusal(["model_preset=tiny", "algo=stapo", "actor_rollout_ref.actor.policy_loss.tau_p=2"])
+    assert refusal.startswith("stapo: actor_rollout_ref.actor.policy_loss.tau_p must be a probability"), refusal
+    assert cli.config_refusal(["model_preset=tiny", "algo=stapo", "trainer.nnodes=2"]) is None
+    assert "did you mean" in cli.config_refusal(["model_preset=tiny", "trainer.nnode=2"])
