@@ -31,7 +31,8 @@ def test_smoke_reports_a_passing_job(cluster, two_node_job):
 @pytest.mark.timeout(1000)
 def test_smoke_names_the_first_error_of_a_failing_job(cluster):
     # --no-check: submitted as is (the doctor would refuse it here), so the job itself fails at start-up
-    result = smoke(cluster, "trainer.save_freq=-1", "actor_rollout_ref.actor.policy_loss.tau_p=2", flags=("--no-check",))
+    bad = "actor_rollout_ref.actor.policy_loss.tau_p=2"
+    result = smoke(cluster, "trainer.save_freq=-1", bad, flags=("--no-check",))
     assert result.returncode == 1, result.stdout + result.stderr[-4000:]
     report = json.loads(result.stdout)["results"][0]
     assert report["status"] == "FAIL" and "the job failed after" in report["summary"], report
