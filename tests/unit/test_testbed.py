@@ -111,9 +111,9 @@ def test_model_builds_deterministically_and_is_cached(tmp_path):
 
 def test_gain_adamw_gives_the_norm_gains_a_larger_step_and_no_decay():
     import torch
+    from verl.utils.torch_functional import get_constant_schedule_with_warmup
 
     from stapo.models.testbed.optim import GainAdamW
-    from verl.utils.torch_functional import get_constant_schedule_with_warmup
 
     matrix, gain = torch.nn.Parameter(torch.full((4, 4), 0.02)), torch.nn.Parameter(torch.ones(4))
     optimizer = GainAdamW(iter([matrix, gain]), lr=1e-5, weight_decay=0.01, betas=(0.9, 0.999), gain_lr_scale=100)

@@ -9,6 +9,9 @@ to learn from in its first steps.
 The build is deterministic (same recipe, same seed, same thread count: the same weights bit for
 bit) and cached under ``~/.cache/stapo/testbed-<hash of the recipe>``; ``stapo_testbed.json`` in
 that folder holds the recipe and the pass rates measured at the end of the build.
+
+RL on it uses ``GainAdamW`` (``optim.py``; set in ``conf/model_preset/testbed.yaml``): the weight
+matrices tolerate only a small learning rate, the norm gains that sharpen the output need a larger one.
 """
 
 from __future__ import annotations
