@@ -261,3 +261,13 @@ def test_metrics_follower_reads_complete_lines_of_the_new_file_only(tmp_path):
     fresh.write_text('{"step": 1, "data": {"y": 2}}\n')
     fresh.replace(path)  # another file (another inode) in its place: read from its start
     assert follower.new_steps() == [(1, {"y": 2.0})]
+
+
+def test_the_test_runner_completes_console_steps_from_this_runs_metrics_file_only(tmp_path):
+    from tests.e2e.cpu_runs import logged_steps
+
+    (tmp_path / "metrics.prev-1.jsonl").write_text('{"step": 1, "data": {"x": 1}}\n{"step": 2, "data": {"x": 2}}\n')
+    (tmp_path / METRICS_NAME).write_text('{"step": 3, "data": {"x": 3}}\n{"step": 4, "data": {"x": 4, "s": "a"}}\n{"st')
+    steps = logged_steps("step:3 - x:30\n", [f"stapo.run_dir={tmp_path}"])
+    assert steps == {3: {"x": 30.0}, 4: {"x": 4.0}}  # the console line wins; an earlier run's segment is not its
+    assert logged_steps("step:3 - x:30\n", []) == {3: {"x": 30.0}}

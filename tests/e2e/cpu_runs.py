@@ -7,6 +7,7 @@ child process is run and watched by ``stapo.runs.process`` (the demo's runner).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import tempfile
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stapo.rundir import metric_segments, read_metrics
+from stapo.rundir import METRICS_NAME
 from stapo.runs.process import run_recipe_process
 from stapo.runs.progress import parse_steps
 
@@ -61,13 +62,20 @@ def run_recipe(
 
 
 def logged_steps(log: str, overrides: list[str]) -> dict[int, dict[str, float]]:
-    """The console's step lines, completed from ``metrics.jsonl`` when the run has a run folder.
+    """The console's step lines, completed from this run's ``metrics.jsonl`` when it has a run folder.
 
     The trainer prints from a Ray actor whose lines Ray forwards asynchronously: the last one can
-    be lost when the job shuts down, while verl's file logger has written it (unbuffered)."""
+    be lost when the job shuts down, while verl's file logger has written it (unbuffered). Only the
+    run's own file: the segments of earlier runs in the folder (``metrics.prev-N.jsonl``) are not its steps."""
     steps = parse_steps(log)
     run_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("stapo.run_dir=")]
-    if run_dirs and metric_segments(run_dirs[-1]):
-        for step, metrics in read_metrics(run_dirs[-1]).items():
-            steps.setdefault(step, metrics)
+    current = Path(run_dirs[-1]) / METRICS_NAME if run_dirs else None
+    if current is not None and current.is_file():
+        for line in current.read_text(encoding="utf-8").split("\n"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line, or the empty string after the last newline
+                continue
+            numbers = {k: float(v) for k, v in record["data"].items() if isinstance(v, int | float)}
+            steps.setdefault(int(record["step"]), numbers)
     return steps
