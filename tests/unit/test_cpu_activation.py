@@ -7,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 import stapo.verl_plugin.cpu as cpu
+from stapo.validation import STAPOConfigError
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_gpu_run_is_left_alone(activations, monkeypatch):
 
 def test_cpu_device_on_a_cuda_machine_needs_the_flag(activations, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(RuntimeError, match="STAPO_CPU_BACKEND=1 to force it"):
+    with pytest.raises(STAPOConfigError, match="STAPO_CPU_BACKEND=1 to force it"):
         cpu.enable_for_run(_config("cpu"))
     assert activations == []
     # asked through the preset's runtime env (as model_preset=tiny does): allowed
@@ -53,5 +54,5 @@ def test_cpu_device_on_a_cuda_machine_needs_the_flag(activations, monkeypatch):
 
 def test_flag_with_a_cuda_device_setting_is_refused(activations, monkeypatch):
     monkeypatch.setenv(cpu.ENV_FLAG, "1")
-    with pytest.raises(RuntimeError, match="needs trainer.device=cpu"):
+    with pytest.raises(STAPOConfigError, match="needs trainer.device=cpu"):
         cpu.enable_for_run(_config("cuda"))
