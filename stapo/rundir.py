@@ -60,15 +60,21 @@ def read_metrics(run_dir: str | Path) -> dict[int, dict[str, float]]:
     if not segments:
         raise FileNotFoundError(f"{run_dir}: no {METRICS_NAME} (was the run started with stapo.run_dir set?)")
     for path in segments:
-        for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines(): U+2028 may be in text
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # also the empty string after the last newline
-                continue
-            step = int(record["step"])
-            merged = steps.setdefault(step, {})
-            merged.update({k: v for k, v in record["data"].items() if isinstance(v, int | float)})
+        for step, data in parse_metric_lines(path.read_text(encoding="utf-8")):
+            steps.setdefault(step, {}).update(data)
     return dict(sorted(steps.items()))
+
+
+def parse_metric_lines(text: str) -> list[tuple[int, dict[str, float]]]:
+    """``(step, numeric metrics)`` of each complete line of a metrics file's text; a torn line is skipped."""
+    records = []
+    for line in text.split("\n"):  # not splitlines(): U+2028 may be in text
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # also the empty string after the last newline
+            continue
+        records.append((int(record["step"]), {k: v for k, v in record["data"].items() if isinstance(v, int | float)}))
+    return records
 
 
 def write_config(config: DictConfig, run_dir: Path) -> Path:

@@ -12,7 +12,6 @@ run folder: the recipe is an installed package, so no checkout is needed.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import stapo
-from stapo.rundir import METRICS_NAME
+from stapo.rundir import METRICS_NAME, parse_metric_lines
 from stapo.runs.process import recipe_command, run_recipe_process
 from stapo.runs.progress import Progress, format_duration
 
@@ -69,15 +68,7 @@ class MetricsFollower:
                 chunk = handle.read()
             complete = chunk[: chunk.rfind(b"\n") + 1]
             self.offset += len(complete)
-        steps = []
-        for line in complete.decode("utf-8", errors="replace").split("\n"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # the empty string after the last newline
-                continue
-            data = {k: float(v) for k, v in record["data"].items() if isinstance(v, int | float)}
-            steps.append((int(record["step"]), data))
-        return steps
+        return parse_metric_lines(complete.decode("utf-8", errors="replace"))
 
 
 def _inode(path: Path, non_empty: bool = False) -> int | None:

@@ -7,7 +7,6 @@ child process is run and watched by ``stapo.runs.process`` (the demo's runner).
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import tempfile
@@ -15,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stapo.rundir import METRICS_NAME
+from stapo.rundir import METRICS_NAME, parse_metric_lines
 from stapo.runs.process import run_recipe_process
 from stapo.runs.progress import parse_steps
 
@@ -71,11 +70,6 @@ def logged_steps(log: str, overrides: list[str]) -> dict[int, dict[str, float]]:
     run_dirs = [o.split("=", 1)[1] for o in overrides if o.startswith("stapo.run_dir=")]
     current = Path(run_dirs[-1]) / METRICS_NAME if run_dirs else None
     if current is not None and current.is_file():
-        for line in current.read_text(encoding="utf-8").split("\n"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line, or the empty string after the last newline
-                continue
-            numbers = {k: float(v) for k, v in record["data"].items() if isinstance(v, int | float)}
-            steps.setdefault(int(record["step"]), numbers)
+        for step, metrics in parse_metric_lines(current.read_text(encoding="utf-8")):
+            steps.setdefault(step, metrics)
     return steps
