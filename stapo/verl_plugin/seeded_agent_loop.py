@@ -26,8 +26,11 @@ def group_size(rollout_config, sampling_params: dict[str, Any]) -> int | None:
     verl's agent loop worker does not pass the group size or the train/validation flag to the loop;
     it does pass the sampling parameters, which are ``rollout.*`` in training and
     ``rollout.val_kwargs.*`` in validation. When exactly one of the two matches, its ``n`` is the
-    group size; when both or neither match (equal settings, an unknown override), there is no group
-    and each request is generated on its own, which is slower but just as reproducible. Greedy
+    group size; when both match and their ``n`` agree (validation sampled like training, e.g. the
+    testbed preset), that ``n``. Otherwise (both match with different ``n``, neither matches: an
+    unknown override) there is no group and each request is generated on its own, which is several
+    times slower on a small model (its time is per decoding step, not per row) but just as
+    reproducible. Greedy
     requests (temperature 0: validation by default, or a prompt verl marks ``__do_sample__=False``,
     whose n training samples then carry validation's settings) are never grouped.
     """
@@ -38,7 +41,10 @@ def group_size(rollout_config, sampling_params: dict[str, Any]) -> int | None:
         return all(sampling_params.get(key) == source.get(key) for key in SAMPLING_KEYS)
 
     train, val = matches(rollout_config), matches(rollout_config.val_kwargs)
-    if train == val:
+    if train and val:
+        same_n = int(rollout_config.n) == int(rollout_config.val_kwargs.n)
+        return int(rollout_config.n) if same_n else None
+    if not (train or val):
         return None
     return int(rollout_config.n if train else rollout_config.val_kwargs.n)
 

@@ -40,7 +40,7 @@ from stapo.verl_plugin.losses import (
 )
 from stapo.verl_plugin.run_checks import validate_run_config
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS
-from stapo.verl_plugin.weight_sync import with_deadline
+from stapo.verl_plugin.weight_sync import DEFAULT_TIMEOUT_S, with_deadline
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,8 @@ class STAPOTrainer(PPOTrainerSync):
 
     def on_init_end(self):
         """verl's first weight sync (after a checkpoint is loaded), from here on with a deadline."""
-        with_deadline(self.checkpoint_manager, float(self.config.get("stapo", {}).get("weight_sync_timeout_s", 1800)))
+        timeout_s = self.config.get("stapo", {}).get("weight_sync_timeout_s", DEFAULT_TIMEOUT_S)
+        with_deadline(self.checkpoint_manager, float(timeout_s))
         super().on_init_end()
 
     def _compute_advantage(self, batch, metrics: dict):

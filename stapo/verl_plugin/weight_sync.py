@@ -15,6 +15,8 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 NAIVE = "naive"
+# stapo.weight_sync_timeout_s when the config has no such key (the recipe's yaml spells it out)
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 class WeightSyncTimeout(RuntimeError):

@@ -1,8 +1,13 @@
 """`stapo sweep` end to end on the tiny preset: 2 algorithms x 2 seeds through the real trainer.
 
-The comparison table is checked against the run folders' own metrics (recomputed here with numpy),
-a second invocation skips every finished run, and runs of the two algorithms with the same seed
-see the same step-1 rollouts (common random numbers, docs/reproducibility.md).
+The two algorithms are JustRL and 20-Entropy told to keep every token (``entropy_top_fraction=1``,
+a common override that JustRL's loss config has and ignores): two presets, two token-mask code
+paths, one objective. So the sweep doubles as the paired test of the whole pipeline: runs of the two
+with the same seed must agree in every logged metric, step for step and bit for bit (same rollouts
+from the seeded sampler, docs/reproducibility.md; one registered loss; one trainer), and the
+comparison's paired difference must be exactly zero. The comparison table is checked against the
+run folders' own metrics (recomputed here with numpy), and a second invocation skips every finished
+run.
 """
 
 from __future__ import annotations
@@ -16,12 +21,14 @@ import numpy as np
 import pytest
 
 from stapo.rundir import read_metrics
+from tests.e2e.test_paired import NOT_COMPARED, metric_diff
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 COMMON = [
     "model_preset=tiny",
+    "actor_rollout_ref.actor.policy_loss.entropy_top_fraction=1.0",
     "trainer.total_training_steps=2",
     "trainer.save_freq=-1",
     "trainer.test_freq=2",
@@ -40,7 +47,7 @@ def sweep(out, *extra):
         "stapo.cli",
         "sweep",
         "--grid",
-        "algo=stapo,grpo",
+        "algo=justrl,entropy20",
         "--seeds",
         "1,2",
         "--out",
@@ -63,7 +70,7 @@ def test_sweep_two_algorithms_two_seeds(tmp_path):
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-3000:]
     document = json.loads((tmp_path / "comparison.json").read_text())
     groups = {g["group"]: g for g in document["groups"]}
-    assert set(groups) == {"algo=stapo", "algo=grpo"}
+    assert set(groups) == {"algo=justrl", "algo=entropy20"}
     table = (tmp_path / "comparison.md").read_text()
     for name, group in groups.items():
         assert group["seeds"] == [1, 2] and group["steps_trained"] == [2, 2]
@@ -78,13 +85,16 @@ def test_sweep_two_algorithms_two_seeds(tmp_path):
         assert stats["best_acc"]["mean"] == pytest.approx(np.mean(best))
         assert stats["entropy_last"]["mean"] == pytest.approx(np.mean(entropy_last))
         assert group["entropy_trajectory"]["step"] == [1, 2]
-        if name == "algo=stapo":
-            masks = [np.mean([m[s]["actor/stapo/mask_ratio"] for s in (1, 2)]) for m in metrics]
-            assert stats["mask_ratio"]["mean"] == pytest.approx(np.mean(masks))
-            cell = f"{np.mean(masks):.4f}"
-        else:
+        if name == "algo=entropy20":
+            assert all(m[s]["actor/stapo/keep_ratio"] == 1.0 for m in metrics for s in (1, 2))
+        masks = [m[1].get("actor/stapo/mask_ratio") for m in metrics]
+        if None in masks:
             assert stats["mask_ratio"]["mean"] is None
             cell = "-"
+        else:
+            mean_masks = [np.mean([m[s]["actor/stapo/mask_ratio"] for s in (1, 2)]) for m in metrics]
+            assert stats["mask_ratio"]["mean"] == pytest.approx(np.mean(mean_masks))
+            cell = f"{np.mean(mean_masks):.4f}"
         records = [json.loads((d / "sweep_run.json").read_text()) for d in run_dirs]
         assert all(r["returncode"] == 0 and r["seconds"] > 0 for r in records)
         assert stats["wall_s"]["mean"] == pytest.approx(np.mean([r["seconds"] for r in records]))
@@ -94,13 +104,20 @@ def test_sweep_two_algorithms_two_seeds(tmp_path):
         config = (run_dirs[0] / "config.yaml").read_text()
         assert "seed: 1" in config
     assert {p.name for p in (tmp_path / "plots").iterdir()} >= {"reward.png", "entropy.png"}
-    # common random numbers: same seed, same step-1 rollouts and rewards, whichever the algorithm
+    # paired: same seed, same numbers at every step (validation included), whichever token-mask path ran
     for seed in (1, 2):
-        scores = [
-            read_metrics(tmp_path / "runs" / f"algo-{a}" / f"seed-{seed}")[1]["critic/score/mean"]
-            for a in ("stapo", "grpo")
-        ]
-        assert scores[0] == scores[1], (seed, scores)
+        justrl, keep_all = (
+            {step: {k: v for k, v in m.items() if not k.startswith(NOT_COMPARED)} for step, m in
+             read_metrics(tmp_path / "runs" / f"algo-{algo}" / f"seed-{seed}").items()}
+            for algo in ("justrl", "entropy20")
+        )
+        assert {1, 2} <= set(justrl) and sorted(keep_all) == sorted(justrl) and "critic/score/mean" in justrl[1]
+        for step in justrl:
+            assert keep_all[step] == justrl[step], (seed, step, metric_diff(justrl[step], keep_all[step]))
+    (paired,) = document["paired"]["groups"]
+    assert document["paired"]["baseline"] == "algo=justrl" and paired["group"] == "algo=entropy20"
+    for quantity in ("final_acc", "final_reward", "entropy_last"):
+        assert paired["diff"][quantity]["mean"] == 0.0 and paired["diff"][quantity]["n"] == 2, paired["diff"]
     print(f"[bench] sweep 2 algos x 2 seeds x 2 steps: {elapsed:.0f} s")
 
     again = sweep(tmp_path)

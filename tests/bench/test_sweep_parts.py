@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stapo.demo.plot import group_series, plot_groups
+from stapo.runs.compare import mean_se, summarize_group, write_comparison
 from stapo.runs.folder import group_runs, load_run, name_and_seed
-from stapo.sweep.compare import mean_se, summarize_group, write_comparison
+from stapo.runs.plot import group_series, plot_groups
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan, split_values
 from stapo.validation import STAPOConfigError
 from stapo.wandb_offline import read_history, read_records, wandb_files

@@ -8,8 +8,8 @@ import struct
 import pytest
 import torch
 
-from stapo.demo.plot import plot_runs, run_labels, series
 from stapo.rundir import METRICS_NAME, metric_segments, read_metrics, rotate_metrics
+from stapo.runs.plot import plot_runs, run_labels, series, trailing_mean
 from stapo.runs.progress import Progress, format_duration, parse_step_line, parse_steps
 from stapo.runs.train import MetricsFollower
 from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, write_summary
@@ -103,6 +103,14 @@ def test_plots_of_two_runs_are_valid_pngs_with_a_summary(tmp_path):
     summary = (tmp_path / "plots" / "summary.md").read_text()
     assert "| stapo | 3 | 0.100 -> 0.300 | 0.0200 | 5.0 |" in summary
     assert "| grpo | 3 | 0.100 -> 0.300 | - | 5.0 |" in summary
+
+
+@pytest.mark.parametrize("length, window", [(1, 10), (9, 10), (10, 10), (137, 10), (50, 1), (50, 7)])
+def test_trailing_mean_is_the_mean_of_the_window_ending_at_each_step(length, window):
+    values = torch.rand(length, dtype=torch.float64, generator=torch.Generator().manual_seed(length)).tolist()
+    expected = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+                for i in range(length)]
+    assert trailing_mean(values, window) == pytest.approx(expected, abs=1e-12)
 
 
 def test_series_takes_the_first_key_present_and_labels_are_unique(tmp_path):
@@ -223,7 +231,7 @@ def test_spread_positions_equal_the_listed_reference(size, density):
 
 
 def test_plot_refuses_a_file_an_unknown_group_key_and_runs_without_any_metric(tmp_path, capsys):
-    from stapo.demo.plot import main as plot_main
+    from stapo.runs.plot import main as plot_main
 
     good, garbage = tmp_path / "stapo-s1", tmp_path / "grpo-s1"
     for run in (good, garbage):

@@ -53,7 +53,7 @@ def test_token_map_png(tmp_path):
 
 
 def test_stapo_plot_draws_the_map_of_a_run_folder(tmp_path):
-    from stapo.demo.plot import main
+    from stapo.runs.plot import main
 
     run = tmp_path / "stapo-seed1"
     run.mkdir()

@@ -1,5 +1,6 @@
-"""The diagnostics' defaults are written once, in the classes that read them; the recipe's yaml spells
-them out for the reader and may not drift from them (as tests/unit/test_mask_defaults.py for the masks)."""
+"""The diagnostics' and the weight-sync deadline's defaults are written once, in the code that reads them;
+the recipe's yaml spells them out for the reader and may not drift from them (as
+tests/unit/test_mask_defaults.py for the masks)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
+from stapo.verl_plugin.weight_sync import DEFAULT_TIMEOUT_S
 
 RECIPE = Path(__file__).resolve().parents[2] / "conf" / "stapo_trainer.yaml"
 
@@ -24,6 +26,7 @@ def test_recipe_yaml_spells_out_the_diagnostics_defaults():
     assert tuple(stapo.ablation.q) == GridAndSample.qs
     assert (stapo.token_sample.every, stapo.token_sample.size) == (GridAndSample.sample_every,
                                                                    GridAndSample.sample_size)
+    assert stapo.weight_sync_timeout_s == DEFAULT_TIMEOUT_S
 
 
 def test_absent_keys_take_the_same_defaults_as_the_yaml(tmp_path):

@@ -264,5 +264,7 @@ def test_group_size_from_sampling_parameters():
     assert group_size(rollout, dict(train, temperature=1.0)) == 4
     rollout.val_kwargs.temperature = 0
     assert group_size(rollout, dict(train, temperature=0.5)) is None  # neither: no group
-    rollout.val_kwargs.temperature = 0.7  # validation samples like training: cannot tell, no group
+    rollout.val_kwargs.temperature = 0.7  # validation samples like training, 4 vs 8 a prompt: cannot tell, no group
     assert group_size(rollout, train) is None
+    rollout.val_kwargs.n = 8  # ... and as many a prompt: either way a group of 8 (the testbed preset)
+    assert group_size(rollout, train) == 8

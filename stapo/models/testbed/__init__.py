@@ -98,6 +98,18 @@ def build_model(recipe: dict):
     return model, tokenizer
 
 
+def _progress(recipe: dict, start: float):
+    """A line every tenth of the warm start: the first build takes minutes."""
+    every = max(1, recipe["sft_steps"] // 10)
+
+    def log(step: int, loss: float) -> None:
+        if (step + 1) % every == 0:
+            print(f"[testbed] warm start {step + 1}/{recipe['sft_steps']} steps, loss {loss:.3f}, "
+                  f"{time.perf_counter() - start:.0f} s", flush=True)
+
+    return log
+
+
 def _build(target: Path, recipe: dict) -> None:
     import torch
 
@@ -108,7 +120,7 @@ def _build(target: Path, recipe: dict) -> None:
     try:
         start = time.perf_counter()
         model, tokenizer = build_model(recipe)
-        supervised_warm_start(model, tokenizer, recipe, difficulty_of(recipe))
+        supervised_warm_start(model, tokenizer, recipe, difficulty_of(recipe), log=_progress(recipe, start))
         trained = time.perf_counter()
         heldout = heldout_problems(recipe, difficulty_of(recipe))
         rates = {"greedy": pass_rate(model, tokenizer, heldout, recipe, 0.0),
