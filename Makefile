@@ -47,16 +47,16 @@ demo: setup
 bench: setup
 	$(BIN)/python -m benchmarks.run --write
 
-# The first recorded comparison (results/README.md): STAPO, GRPO and 20-Entropy, 3 seeds each, on the
-# demo's model and task; 9 runs of 4 steps, one after another (18-19 min each alone: about 3 hours on
-# 2 cores). Re-running resumes: finished runs are skipped, an interrupted one restarts from its last
-# checkpoint.
-COMPARE_OUT ?= runs/compare-smollm2
+# The recorded comparison on the testbed (results/README.md): STAPO, GRPO and 20-Entropy, 2 seeds each,
+# 60 steps of 8 x 8 samples, held-out every 20 steps; 6 runs one after another, about 6 min each on 2
+# cores. Re-running resumes: finished runs are skipped, an interrupted one restarts from its last
+# checkpoint. More seeds: COMPARE_SEEDS=1,2,3,4,5.
+COMPARE_OUT ?= runs/compare-testbed
+COMPARE_SEEDS ?= 1,2
 compare: setup
-	$(BIN)/stapo sweep --grid algo=stapo,grpo,entropy20 --seeds 1,2,3 --baseline algo=grpo --out $(COMPARE_OUT) -- \
-		model_preset=smollm2 data.train_batch_size=4 actor_rollout_ref.rollout.n=8 \
-		actor_rollout_ref.actor.ppo_mini_batch_size=4 trainer.total_training_steps=4 trainer.total_epochs=1000 \
-		trainer.test_freq=4 trainer.save_freq=2 trainer.val_before_train=false
+	$(BIN)/stapo sweep --grid algo=stapo,grpo,entropy20 --seeds $(COMPARE_SEEDS) --baseline algo=grpo \
+		--out $(COMPARE_OUT) -- model_preset=testbed trainer.total_training_steps=60 trainer.test_freq=20 \
+		trainer.save_freq=20
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -48,7 +48,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-check",
         action="store_true",
-        help="with --smoke: submit without checking the job's config here first (the job then refuses a bad "
+        help="do not check the job's config here first (given more than trainer.* overrides, the doctor runs the "
+        "recipe's checks on them before probing; with --smoke before submitting, else the job refuses a bad "
         "setting itself, after the cluster has started it)",
     )
     parser.add_argument(
@@ -199,7 +200,7 @@ def _print_report(
 
 
 def config_refusal(overrides: list[str]) -> str | None:
-    """The recipe's one-line refusal of the smoke job's config, checked here before anything is submitted
+    """The recipe's one-line refusal of a job's config, checked here before anything is probed or submitted
     (the paths are the cluster's: they are checked by the job)."""
     from stapo.check import check_run, compose_run
     from stapo.validation import STAPOConfigError, refusal_line
@@ -256,6 +257,12 @@ def main(argv: list[str]) -> int:
     ensure_auth_env()
     if args.smoke:
         return _smoke(args)
+    if plan["ignored"] and not args.no_check:
+        # the job's own overrides came with the shape: the recipe's refusal now, not after the probes
+        refusal = config_refusal(args.overrides)
+        if refusal:
+            print(refusal, file=sys.stderr)
+            return 2
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     unreachable = gcs_reachable(args.address, timeout=min(10.0, args.connect_timeout))
     if unreachable:

@@ -176,6 +176,20 @@ def test_doctor_refuses_a_negative_time_limit(flag, capsys):
     assert exit_.value.code == 2 and f"{flag}=-5: must be a number of seconds > 0" in capsys.readouterr().err
 
 
+def test_doctor_checks_the_jobs_config_before_probing_the_cluster(capsys):
+    """Given the job's overrides beyond its shape, the doctor refuses a bad one in the recipe's line, exit 2,
+    before it connects (nothing listens at the address); with --no-check it goes on to connect."""
+    from stapo.doctor.cli import main
+
+    job = ["trainer.nnodes=1", "model_preset=tiny", "actor_rollout_ref.actor.policy_loss.tau_p=1.5"]
+    assert main(["--address", "127.0.0.1:1", *job]) == 2
+    err = capsys.readouterr().err
+    assert "actor_rollout_ref.actor.policy_loss.tau_p must be a probability in (0, 1)" in err
+    assert "nothing answers" not in err
+    assert main(["--address", "127.0.0.1:1", "--connect-timeout", "1", "--no-check", *job]) == 2
+    assert "nothing answers" in capsys.readouterr().err
+
+
 def test_demo_refuses_a_missing_model_before_writing_anything(tmp_path, capsys):
     from stapo.cli import main
 
