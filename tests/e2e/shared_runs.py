@@ -100,10 +100,10 @@ def stapo_run(tmp_path_factory) -> SharedRun:
 def grpo_run(tmp_path_factory) -> SharedRun:
     """GRPO, 2 steps, with the rollout dump, started without the preset's STAPO_CPU_BACKEND.
 
-    Users (each launched this 2-step GRPO run itself, four launches in all):
+    Users (each launched this 2-step GRPO run itself, four launches in all, before the runs were shared):
     - tests/e2e/test_trainer_cpu.py::test_baselines_run_through_the_same_trainer[grpo]
-    - tests/e2e/test_reproducible.py, both tests (the first of the two identical runs)
-    - tests/e2e/test_paired.py::test_stapo_that_silences_nothing_is_grpo
+    - tests/e2e/test_reproducible.py::test_grpo_and_stapo_see_identical_first_rollouts
+    - tests/e2e/test_paired.py::test_stapo_that_silences_nothing_is_grpo (metrics and rollout dumps)
     """
     return launch(tmp_path_factory.mktemp("shared-grpo"), GRPO, rollouts=True)
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.cpu_runs import Run, run_recipe
+from tests.e2e.cpu_runs import Run
+from tests.e2e.shared_runs import launch
+from tests.e2e.test_reproducible import rollouts_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -30,36 +32,38 @@ def algorithm_metrics(run: Run) -> dict[int, dict[str, float]]:
     return {step: {k: v for k, v in m.items() if not k.startswith(NOT_COMPARED)} for step, m in run.steps.items()}
 
 
-def _run(tmp_path, name: str, overrides: list[str]) -> Run:
-    common = [f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
-    return run_recipe([*overrides, *common], tmp_path / name)
-
-
 def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
-    """algo=stapo with a tau_p no token is below, and grpo's clip and KL, equals algo=grpo exactly.
+    """algo=stapo with a tau_p no token is below, and grpo's clip and KL, equals algo=grpo exactly: every
+    metric at every step and verl's rollout dump of every step (prompts, responses, scores).
 
     algo=grpo is the suite's shared GRPO run (tests/e2e/shared_runs.py: 2 steps, no checkpoint, a
-    rollout dump, the CPU back-end switched on by the driver instead of the preset's runtime env)."""
+    rollout dump, the CPU back-end switched on by the driver instead of the preset's runtime env).
+    This is also the suite's proof that two launches of one configuration give the same numbers: two
+    processes that differ in a mask which removes nothing agree bit for bit (the same config launched
+    twice used to be a run of its own in tests/e2e/test_reproducible.py)."""
     assert grpo_run.overrides[:3] == ["algo=grpo", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
     grpo = grpo_run.run
-    stapo = _run(
-        tmp_path,
-        "stapo",
-        [
-            "algo=stapo",
-            "actor_rollout_ref.actor.policy_loss.tau_p=1e-30",
-            "actor_rollout_ref.actor.clip_ratio_high=0.2",
-            "actor_rollout_ref.actor.use_kl_loss=true",
-            "actor_rollout_ref.actor.kl_loss_coef=0.001",
-            "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        ],
-    )
+    silent = [
+        "algo=stapo",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.save_freq=-1",
+        "actor_rollout_ref.actor.policy_loss.tau_p=1e-30",
+        "actor_rollout_ref.actor.clip_ratio_high=0.2",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+    ]
+    stapo_run = launch(tmp_path / "stapo", silent, rollouts=True)
+    stapo = stapo_run.run
     assert all(stapo.steps[s]["actor/stapo/num_candidates"] == 0 for s in stapo.steps)
     assert all(stapo.steps[s]["actor/stapo/num_spurious"] == 0 for s in stapo.steps)
     expected, got = algorithm_metrics(grpo), algorithm_metrics(stapo)
     assert "actor/kl_loss" in got[1] and "actor/pg_loss" in got[1]
+    assert len(got[1]) > 40, sorted(got[1])  # the whole metric set, not a parsing accident
+    assert grpo.steps[1]["actor/grad_norm"] > 0  # a real update between the steps: step 2 checks it too
     for step in expected:
         assert got[step] == expected[step], metric_diff(expected[step], got[step])
+        assert rollouts_of(stapo_run.rollouts, step) == rollouts_of(grpo_run.rollouts, step), step
 
 
 def metric_diff(expected: dict, got: dict) -> str:

@@ -112,8 +112,8 @@ def test_stapo_with_two_fsdp_ranks_over_gloo(tmp_path):
 
 @pytest.mark.parametrize(
     "shared, expected_key",
-    # justrl (stapo's recipe with token_mask=none) is run by tests/e2e/test_paired.py; its only differences from grpo
-    # are config values that tests/e2e/test_compose.py checks; one more trainer run costs ~100 s
+    # justrl (stapo's recipe with token_mask=none) is run by tests/bench/test_sweep_e2e.py; its only differences
+    # from grpo are config values that tests/e2e/test_compose.py checks; one more trainer run costs ~100 s
     [("grpo_run", "actor/kl_loss"), ("entropy20_run", "actor/stapo/keep_ratio")],
 )
 def test_baselines_run_through_the_same_trainer(request, shared, expected_key):
