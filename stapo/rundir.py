@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -60,20 +61,30 @@ def read_metrics(run_dir: str | Path) -> dict[int, dict[str, float]]:
     if not segments:
         raise FileNotFoundError(f"{run_dir}: no {METRICS_NAME} (was the run started with stapo.run_dir set?)")
     for path in segments:
-        for step, data in parse_metric_lines(path.read_text(encoding="utf-8")):
+        unreadable: list[int] = []
+        for step, data in parse_metric_lines(path.read_text(encoding="utf-8"), unreadable):
             steps.setdefault(step, {}).update(data)
+        if unreadable:
+            shown = ", ".join(map(str, unreadable[:5])) + (", ..." if len(unreadable) > 5 else "")
+            print(f"stapo: warning: {path}: {len(unreadable)} line(s) are not metric records, skipped (line {shown})",
+                  file=sys.stderr)
     return dict(sorted(steps.items()))
 
 
-def parse_metric_lines(text: str) -> list[tuple[int, dict[str, float]]]:
-    """``(step, numeric metrics)`` of each complete line of a metrics file's text; a torn line is skipped."""
+def parse_metric_lines(text: str, unreadable: list[int] | None = None) -> list[tuple[int, dict[str, float]]]:
+    """``(step, numeric metrics)`` of each line of a metrics file's text that is a record (``{"step": N,
+    "data": {...}}``). The text after the last newline is a line still being written (or torn by a kill) and
+    is skipped quietly; the numbers of other lines that are not records go to ``unreadable``."""
     records = []
-    for line in text.split("\n"):  # not splitlines(): U+2028 may be in text
+    lines = text.split("\n")  # not splitlines(): U+2028 may be in text
+    for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:  # also the empty string after the last newline
-            continue
-        records.append((int(record["step"]), {k: v for k, v in record["data"].items() if isinstance(v, int | float)}))
+            step, data = int(record["step"]), record["data"]
+            records.append((step, {k: v for k, v in data.items() if isinstance(v, int | float)}))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            if unreadable is not None and line.strip() and number < len(lines):
+                unreadable.append(number)
     return records
 
 

@@ -48,6 +48,18 @@ def test_resume_keeps_earlier_metrics_and_later_lines_win(tmp_path):
     assert steps[2]["x"] == 20.0 and steps[4] == {"x": 4.0} and steps[0]["val/average/acc"] == 0.1
 
 
+def test_lines_that_are_not_records_are_skipped_with_a_warning_naming_them(tmp_path, capsys):
+    record = json.dumps({"step": 1, "data": {"x": 1.0}})
+    lines = [record, "garbage", '{"no": "step"}', "[1, 2]", '{"step": "two", "data": {}}', "",
+             json.dumps({"step": 2, "data": {"x": 2.0}})]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n" + '{"step": 3, "da')  # + a line being written
+    assert read_metrics(tmp_path) == {1: {"x": 1.0}, 2: {"x": 2.0}}
+    err = capsys.readouterr().err
+    assert "4 line(s) are not metric records, skipped (line 2, 3, 4, 5)" in err and "metrics.jsonl" in err
+    (tmp_path / "metrics.jsonl").write_text(record + "\n")
+    assert read_metrics(tmp_path) == {1: {"x": 1.0}} and capsys.readouterr().err == ""
+
+
 def test_rotate_ignores_a_missing_or_empty_file_and_read_names_the_setting(tmp_path):
     assert rotate_metrics(tmp_path) is None
     (tmp_path / "metrics.jsonl").write_text("")
