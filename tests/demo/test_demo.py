@@ -105,7 +105,8 @@ def test_demo_trains_stapo_and_grpo_on_the_testbed_and_plots_both(tmp_path, quic
 
 @pytest.mark.e2e
 def test_demo_trains_smollm2_on_its_word_problems(tmp_path):
-    """The real pretrained LLM on the same pipeline: one step, at the smallest sizes."""
+    """The real pretrained LLM on the same pipeline, with the preset's rollout (verl's vLLM server on vLLM's
+    CPU build): one step, at the smallest sizes."""
     out = tmp_path / "demo"
     proc = stapo_cli(
         "demo", "--model", "smollm2", "--steps", "1", "--prompts", "1", "--group-size", "2", "--max-new-tokens",
@@ -116,6 +117,7 @@ def test_demo_trains_smollm2_on_its_word_problems(tmp_path):
     check_demo_run(out, "stapo", 1, proc)
     config = (out / "stapo" / "config.yaml").read_text()
     assert "smollm2-135m-instruct" in config and "stapo.reward.arithmetic" in config
+    assert "name: vllm" in config  # the preset samples through verl's vLLM rollout on vLLM's CPU build
 
 
 def test_demo_rejects_bad_settings_before_loading_anything():
