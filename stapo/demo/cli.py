@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stapo.validation import STAPOConfigError
+
 ALGOS = ("stapo", "grpo", "justrl", "entropy20")
 
 
@@ -150,10 +152,10 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
         args.model = "smollm2" if args.analyze else DEFAULT_MODEL
     profile = demo_model(args)
     if args.analyze and profile.task != "arithmetic":
-        raise SystemExit(f"stapo demo: --analyze runs on the arithmetic word problems (--model smollm2 or a "
+        raise STAPOConfigError(f"demo: --analyze runs on the arithmetic word problems (--model smollm2 or a "
                          f"folder), not on --model {args.model}")
     if args.level is not None and profile.task != "arithmetic":
-        raise SystemExit(f"stapo demo: --level applies to the arithmetic task (--model smollm2 or a folder), "
+        raise STAPOConfigError(f"demo: --level applies to the arithmetic task (--model smollm2 or a folder), "
                          f"not to --model {args.model}")
     for name in SIZES:
         if getattr(args, name) is None:
@@ -166,25 +168,25 @@ def check_args(args: argparse.Namespace) -> None:
     """Refuse bad sizes before anything starts, naming the option and the allowed range."""
     from stapo.validation import check_entropy_quantile, check_tau_p
 
-    check_tau_p(args.tau_p, "--")
-    check_entropy_quantile(args.entropy_quantile, "--")
+    check_tau_p(args.tau_p, "demo: --tau-p: ")
+    check_entropy_quantile(args.entropy_quantile, "demo: --entropy-quantile: ")
     for name in ("steps", "prompts", "group_size", "max_new_tokens", "heldout"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"stapo demo: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise STAPOConfigError(f"demo: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.group_size < 2:
-        raise SystemExit(f"stapo demo: --group-size must be >= 2 (group-relative advantages), got {args.group_size}")
+        raise STAPOConfigError(f"demo: --group-size must be >= 2 (group-relative advantages), got {args.group_size}")
     if not 0 < args.temperature <= 2:
-        raise SystemExit(f"stapo demo: --temperature must be in (0, 2], got {args.temperature}")
+        raise STAPOConfigError(f"demo: --temperature must be in (0, 2], got {args.temperature}")
     if not 0 < args.lr < 1:
-        raise SystemExit(f"stapo demo: --lr must be in (0, 1), got {args.lr}")
+        raise STAPOConfigError(f"demo: --lr must be in (0, 1), got {args.lr}")
     from stapo.data.arithmetic import problem_space
 
     if demo_model(args).task == "arithmetic" and args.heldout > problem_space(args.level, "heldout"):
-        raise SystemExit(
-            f"stapo demo: --heldout must be <= {problem_space(args.level, 'heldout')} at --level {args.level}"
+        raise STAPOConfigError(
+            f"demo: --heldout must be <= {problem_space(args.level, 'heldout')} at --level {args.level}"
         )
     if args.algo in args.compare:
-        raise SystemExit(f"stapo demo: --compare {args.algo} repeats --algo {args.algo}")
+        raise STAPOConfigError(f"demo: --compare {args.algo} repeats --algo {args.algo}")
 
 
 def largest_divisor(total: int, limit: int) -> int:

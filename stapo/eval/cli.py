@@ -16,15 +16,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--benchmarks", default=",".join(PAPER_N), help="comma-separated (default: the six)")
     parser.add_argument("--decoding", default=",".join(DECODING), help=f"comma-separated of {list(DECODING)}")
     parser.add_argument("--n", type=int, help="samples per prompt (default: the paper's N per benchmark)")
-    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                        help=f"response length limit in tokens (default {MAX_TOKENS})")
     parser.add_argument("--limit", type=int, help="first N prompts of each benchmark (quick checks)")
-    parser.add_argument("--backend", default="auto", choices=["auto", "hf", "vllm"])
+    parser.add_argument("--backend", default="auto", choices=["auto", "hf", "vllm"],
+                        help="generation back-end (default auto: vLLM on a GPU, "
+                        "HF generate on a CPU)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM only")
     parser.add_argument("--batch-size", type=int, default=16, help="HF only: sequences generated at once")
     parser.add_argument("--threads", type=int, help="HF only: torch CPU threads (1 is fastest on a busy machine)")
     parser.add_argument("--math-verify", action="store_true", help="math-verify second opinion on strict misses")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("eval_results"))
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--out", type=Path, default=Path("eval_results"),
+                        help="folder for the per-benchmark results and summary (default eval_results)")
     return parser
 
 

@@ -121,19 +121,21 @@ def test_demo_trains_smollm2_on_its_word_problems(tmp_path):
 
 
 def test_demo_rejects_bad_settings_before_loading_anything():
+    """One line naming the option as it is typed, exit 2 (a refused setting, as on every command)."""
     for args, message in (
-        (["--tau-p", "2"], "--tau_p must be a probability in (0, 1)"),
-        (["--group-size", "1"], "--group-size must be >= 2"),
-        (["--compare", "stapo"], "--compare stapo repeats --algo stapo"),
-        (["--level", "hard"], "--level applies to the arithmetic task"),
-        (["--analyze", "--model", "testbed"], "--analyze runs on the arithmetic word problems"),
+        (["--tau-p", "2"], "stapo: demo: --tau-p: tau_p must be a probability in (0, 1)"),
+        (["--entropy-quantile", "0"], "stapo: demo: --entropy-quantile: entropy_quantile must be in (0, 1]"),
+        (["--group-size", "1"], "stapo: demo: --group-size must be >= 2"),
+        (["--compare", "stapo"], "stapo: demo: --compare stapo repeats --algo stapo"),
+        (["--level", "hard"], "stapo: demo: --level applies to the arithmetic task"),
+        (["--analyze", "--model", "testbed"], "stapo: demo: --analyze runs on the arithmetic word problems"),
     ):
         proc = subprocess.run(
             [sys.executable, "-m", "stapo.cli", "demo", *args], check=False, capture_output=True, text=True, timeout=120
         )
-        assert proc.returncode != 0
+        assert proc.returncode == 2, (args, proc.stderr)
         assert message in proc.stderr, proc.stderr
-        assert "Traceback" not in proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def test_plot_command_refuses_a_folder_without_metrics(tmp_path):
