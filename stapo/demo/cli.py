@@ -337,13 +337,20 @@ def run_analysis(args) -> int:
     return 0
 
 
-def check_every_run(args, root: Path, data_dir: Path, model: str) -> None:
+def check_every_run(args, root: Path, data_dir: Path, model: str, paths: bool = True) -> None:
     """The recipe's own checks (``stapo check``) on every run this demo will start, before the first: an extra
-    override the recipe refuses fails now, in one line, not after the first run's minutes."""
+    override the recipe refuses fails now, in one line, not after the first run's minutes. ``paths=False``:
+    the settings only, before the model is built and the task written (a refused setting, a credential in
+    an override, leaves nothing behind)."""
     from stapo.check import check_run, compose_run
 
     for algo in [args.algo, *args.compare]:
-        check_run(compose_run(trainer_overrides(args, algo, root / algo, data_dir, model)))
+        check_run(compose_run(trainer_overrides(args, algo, root / algo, data_dir, model)), paths=paths)
+
+
+def model_reference(args) -> str:
+    """The model path the recipe will get, before anything is built: a ``stapo://`` name or the given one."""
+    return f"stapo://{args.model}" if args.model in MODELS else args.model
 
 
 def main(argv: list[str]) -> int:
@@ -357,8 +364,9 @@ def main(argv: list[str]) -> int:
     from stapo.runs.plot import plot_runs
 
     root = (args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
-    model = model_path(args)
     data_dir = root / "data"
+    check_every_run(args, root, data_dir, model_reference(args), paths=False)
+    model = model_path(args)
     print(f"[demo] run folder {root}; task: {write_task(args, data_dir)}", flush=True)
     check_every_run(args, root, data_dir, model)
     summaries = [train_one(args, algo, root, data_dir, model) for algo in [args.algo, *args.compare]]

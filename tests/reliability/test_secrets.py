@@ -126,26 +126,34 @@ LITERAL = "hf_abcdefghijklmnop1234"  # a token in no environment variable: only 
 
 
 @pytest.mark.parametrize(
-    "override, extra",
+    "command",
     [
-        (f"+{ENV_VARS}.HF_TOKEN={LITERAL}", []),  # composes; refused by the recipe's check inside Hydra's job
-        (f"{ENV_VARS}.HF_TOKEN={LITERAL}", []),  # no "+": Hydra's composition error, which would echo the value
-        (f"+{ENV_VARS}.HF_TOKEN={LITERAL}", ["--cfg", "job"]),  # would print the config
+        # composes; refused by the recipe's check inside Hydra's job
+        ["-m", "recipe.stapo.main_stapo", "model_preset=tiny", "stapo.run_dir=run", f"+{ENV_VARS}.HF_TOKEN={LITERAL}"],
+        # no "+": Hydra's composition error, which would echo the value
+        ["-m", "recipe.stapo.main_stapo", "model_preset=tiny", "stapo.run_dir=run", f"{ENV_VARS}.HF_TOKEN={LITERAL}"],
+        # would print the config
+        ["-m", "recipe.stapo.main_stapo", "model_preset=tiny", "stapo.run_dir=run", f"+{ENV_VARS}.HF_TOKEN={LITERAL}",
+         "--cfg", "job"],
+        # the demo's check of its runs, before the model is built or the task written
+        ["-m", "stapo.cli", "demo", "--steps", "1", "--out", "demo", f"+{ENV_VARS}.HF_TOKEN={LITERAL}"],
+        # the sweep's check of every cell, before the first run
+        ["-m", "stapo.cli", "sweep", "--grid", "algo=stapo,grpo", "--out", "sweep", "--", "model_preset=tiny",
+         f"+{ENV_VARS}.HF_TOKEN={LITERAL}"],
     ],
-    ids=["run", "composition-error", "cfg-job"],
+    ids=["run", "composition-error", "cfg-job", "demo", "sweep"],
 )
 @pytest.mark.slow  # starts processes: out of make test-fast
-def test_a_literal_token_on_the_command_line_is_written_and_echoed_nowhere(tmp_path, override, extra):
+def test_a_literal_token_on_the_command_line_is_written_and_echoed_nowhere(tmp_path, command):
     """Hydra used to write overrides.yaml and config.yaml under outputs/<date>/<time>/.hydra/ and echo the
     overrides in "Error executing job with overrides"; the recipe's own refusal masked it too late."""
     out = subprocess.run(
-        [sys.executable, "-m", "recipe.stapo.main_stapo", "model_preset=tiny", f"stapo.run_dir={tmp_path}/run",
-         override, *extra],
+        [sys.executable, *command],
         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 2, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("stapo: ") and f"{ENV_VARS}.HF_TOKEN" in last
+    assert last.startswith("stapo: ") and f"{ENV_VARS}.HF_TOKEN" in last, last
     assert LITERAL not in out.stdout + out.stderr and "Error executing job" not in out.stderr
     written = [path for path in tmp_path.rglob("*") if path.is_file()]
     assert not [path for path in written if LITERAL in path.read_text(errors="replace")], written
