@@ -153,10 +153,10 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     profile = demo_model(args)
     if args.analyze and profile.task != "arithmetic":
         raise STAPOConfigError(f"demo: --analyze runs on the arithmetic word problems (--model smollm2 or a "
-                         f"folder), not on --model {args.model}")
+                               f"folder), not on --model {args.model}")
     if args.level is not None and profile.task != "arithmetic":
         raise STAPOConfigError(f"demo: --level applies to the arithmetic task (--model smollm2 or a folder), "
-                         f"not to --model {args.model}")
+                               f"not to --model {args.model}")
     for name in SIZES:
         if getattr(args, name) is None:
             setattr(args, name, getattr(profile, name))
@@ -337,19 +337,23 @@ def run_analysis(args) -> int:
     return 0
 
 
-def check_every_run(args, root: Path, data_dir: Path, model: str, paths: bool = True) -> None:
-    """The recipe's own checks (``stapo check``) on every run this demo will start, before the first: an extra
-    override the recipe refuses fails now, in one line, not after the first run's minutes. ``paths=False``:
-    the settings only, before the model is built and the task written (a refused setting, a credential in
-    an override, leaves nothing behind)."""
+def compose_and_check_runs(args, root: Path, data_dir: Path, model: str) -> list:
+    """The recipe's config of every run this demo will start, each through the recipe's settings checks
+    (``stapo check`` without the paths) before the first run, and before the model is built or the task
+    written: an extra override the recipe refuses (a credential in one included) fails now, in one line,
+    and leaves nothing behind. The paths are checked on the same configs once they exist."""
     from stapo.check import check_run, compose_run
 
-    for algo in [args.algo, *args.compare]:
-        check_run(compose_run(trainer_overrides(args, algo, root / algo, data_dir, model)), paths=paths)
+    configs = [compose_run(trainer_overrides(args, algo, root / algo, data_dir, model))
+               for algo in [args.algo, *args.compare]]
+    for config in configs:
+        check_run(config, paths=False)
+    return configs
 
 
 def model_reference(args) -> str:
-    """The model path the recipe will get, before anything is built: a ``stapo://`` name or the given one."""
+    """The model path the recipe gets: a ``stapo://`` name (the recipe resolves it to the same cached
+    build ``model_path`` made) or the given folder or hub id."""
     return f"stapo://{args.model}" if args.model in MODELS else args.model
 
 
@@ -365,10 +369,14 @@ def main(argv: list[str]) -> int:
 
     root = (args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
     data_dir = root / "data"
-    check_every_run(args, root, data_dir, model_reference(args), paths=False)
-    model = model_path(args)
+    from stapo.input_checks import check_inputs
+
+    model = model_reference(args)
+    configs = compose_and_check_runs(args, root, data_dir, model)
+    model_path(args)  # a folder is checked, a local model built or converted here, with a progress line
     print(f"[demo] run folder {root}; task: {write_task(args, data_dir)}", flush=True)
-    check_every_run(args, root, data_dir, model)
+    for config in configs:
+        check_inputs(config)
     summaries = [train_one(args, algo, root, data_dir, model) for algo in [args.algo, *args.compare]]
     written = plot_runs([Path(s["run_dir"]) for s in summaries], root / "plots")
     (root / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")

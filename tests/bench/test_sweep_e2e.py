@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from stapo.rundir import read_metrics
-from tests.e2e.test_paired import NOT_COMPARED, metric_diff
+from tests.e2e.test_paired import compared, metric_diff
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -107,8 +107,7 @@ def test_sweep_two_algorithms_two_seeds(tmp_path):
     # paired: same seed, same numbers at every step (validation included), whichever token-mask path ran
     for seed in (1, 2):
         justrl, keep_all = (
-            {step: {k: v for k, v in m.items() if not k.startswith(NOT_COMPARED)} for step, m in
-             read_metrics(tmp_path / "runs" / f"algo-{algo}" / f"seed-{seed}").items()}
+            compared(read_metrics(tmp_path / "runs" / f"algo-{algo}" / f"seed-{seed}"))
             for algo in ("justrl", "entropy20")
         )
         assert {1, 2} <= set(justrl) and sorted(keep_all) == sorted(justrl) and "critic/score/mean" in justrl[1]

@@ -26,10 +26,15 @@ STEPS = 2
 NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/", "actor/stapo/")
 
 
+def compared(steps: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    """Each step's metrics without the keys in ``NOT_COMPARED``."""
+    return {step: {k: v for k, v in m.items() if not k.startswith(NOT_COMPARED)} for step, m in steps.items()}
+
+
 def algorithm_metrics(run: Run) -> dict[int, dict[str, float]]:
     assert run.returncode == 0, run.log[-6000:]
     assert sorted(run.steps) == list(range(1, STEPS + 1)), run.log[-3000:]
-    return {step: {k: v for k, v in m.items() if not k.startswith(NOT_COMPARED)} for step, m in run.steps.items()}
+    return compared(run.steps)
 
 
 def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
