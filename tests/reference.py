@@ -132,8 +132,10 @@ def reference_stapo(inputs, settings) -> dict:
         low_p, low_h = math.isfinite(float(lp[i][t])) and p < tau_p, h < split
         low_prob_count += low_p
         counts[f"quadrant/{'lowp' if low_p else 'highp'}_{'lowh' if low_h else 'highh'}"] += 1.0
-        # squared logit-gradient norm lower bound at rho = 1: A^2 (1 - 2p + e^-H); undefined values count 0
-        bound = a * a * (1.0 - 2.0 * p + _exp(-h))
+        # squared logit-gradient norm lower bound at rho = 1: A^2 max(0, 1 - 2p + e^-H) (a NaN stays NaN);
+        # undefined values count 0
+        closed_form = 1.0 - 2.0 * p + _exp(-h)
+        bound = a * a * (0.0 if closed_form < 0.0 else closed_form)
         if math.isfinite(bound):
             bound_all += bound
             bound_spurious += bound if spurious[i][t] else 0.0

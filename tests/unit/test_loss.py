@@ -192,9 +192,16 @@ def test_grad_norm_lower_bound_is_the_closed_form_and_below_the_exact_norm():
     probs = torch.softmax(logits, dim=-1)
     entropy = -(probs * torch.log(probs)).sum(-1)
     p = probs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    # one likely token of middling entropy, where the closed form is negative: p = 0.9, the rest spread evenly
+    logits[0] = torch.cat([torch.tensor([8.0]), torch.full((119,), 8.0 - math.log(0.9 / 0.1 * 119))])
+    token_ids[0] = 0
+    probs = torch.softmax(logits, dim=-1)
+    entropy = -(probs * torch.log(probs)).sum(-1)
+    p = probs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
     lower = grad_norm_sq_lower_bound(p, entropy, weight)
     for k in range(len(p)):
         w, pk, h = float(weight[k]), float(p[k]), float(entropy[k])
-        assert float(lower[k]) == pytest.approx(w * w * (1 - 2 * pk + math.exp(-h)), rel=1e-12)
+        assert float(lower[k]) == pytest.approx(w * w * max(0.0, 1 - 2 * pk + math.exp(-h)), rel=1e-12, abs=0.0)
+    assert 1 - 2 * float(p[0]) + math.exp(-float(entropy[0])) < -0.1 and float(lower[0]) == 0.0
     assert (lower <= logit_grad_norm_sq(logits, token_ids, weight) * (1 + 1e-12)).all()
     assert lower.dtype == torch.float64
