@@ -1,7 +1,9 @@
 """The comparison a sweep writes: per group of runs (one grid cell, several seeds), mean +- standard error.
 
-Per run: final and best held-out accuracy, final training reward, the entropy trajectory, the mean
-mask ratio and the wall time. Per group: the mean over seeds and its standard error (sample standard
+Per run: final and best held-out accuracy, the training reward of the last ``LATE_STEPS`` steps (one
+step's reward is a few prompts' luck), the entropy trajectory, the mean mask ratio against the mean
+share of the policy-gradient bound the masked tokens carry (docs/algorithm.md section 5), and the wall
+time. Per group: the mean over seeds and its standard error (sample standard
 deviation with ddof=1 over sqrt(n); undefined, written ``-`` / null, for a single seed). Groups are
 compared on the same quantities; the entropy trajectory is averaged step by step over the seeds that
 logged that step. Pure Python on the run folders' metrics (no verl, no torch).
@@ -26,10 +28,15 @@ from stapo.runs.folder import RunData
 ACC = "val/average/acc"
 ENTROPY = "actor/entropy"
 MASK = "actor/stapo/mask_ratio"
+# the spurious tokens' and all positive-advantage tokens' summed gradient-norm bounds, per step
+GRAD_BOUND = ("actor/stapo/grad_bound_spurious", "actor/stapo/grad_bound_positive")
 REWARD = ("critic/score/mean", "critic/rewards/mean")
 STEP_TIME = "timing_s/step"
-QUANTITIES = ("final_acc", "best_acc", "final_reward", "entropy_first", "entropy_last", "mask_ratio", "wall_s")
-PAIRED = ("final_acc", "best_acc", "final_reward", "entropy_last", "wall_s")
+LATE_STEPS = 10
+QUANTITIES = (
+    "final_acc", "best_acc", "late_reward", "entropy_first", "entropy_last", "mask_ratio", "grad_share", "wall_s"
+)
+PAIRED = ("final_acc", "best_acc", "late_reward", "entropy_last", "wall_s")
 
 
 def mean_se(values: list[float]) -> tuple[float | None, float | None, int]:
@@ -80,20 +87,35 @@ class RunSummary:
         return sum(1 for metrics in self.run.steps.values() if STEP_TIME in metrics)
 
 
-def summarize_run(run: RunData) -> RunSummary:
+def step_mean(series: dict[int, float], last: int | None = None) -> float | None:
+    """Mean of a per-step series, over its ``last`` steps when given; None when empty."""
+    values = [series[step] for step in sorted(series)[-last if last else 0:]]
+    return math.fsum(values) / len(values) if values else None
+
+
+def pooled_share(steps: dict[int, dict[str, float]], part: str, whole: str) -> float | None:
+    """``sum(part) / sum(whole)`` over the steps that logged both: the run's share, each step weighted by
+    its own total (a mean of per-step ratios would give a step with one positive token the weight of
+    a step with thousands). None when nothing was logged or the total is 0."""
+    pairs = [(metrics[part], metrics[whole]) for metrics in steps.values() if part in metrics and whole in metrics]
+    total = math.fsum(w for _, w in pairs)
+    return math.fsum(p for p, _ in pairs) / total if pairs and total > 0 else None
+
+
+def summarize_run(run: RunData, late_steps: int = LATE_STEPS) -> RunSummary:
     acc = accuracy_series(run.steps)
     entropy = key_series(run.steps, ENTROPY)
-    mask = list(key_series(run.steps, MASK).values())
     reward = next((s for key in REWARD if (s := key_series(run.steps, key))), {})
     timing = key_series(run.steps, STEP_TIME)
     wall = run.record.get("seconds")
     values = {
         "final_acc": acc[max(acc)] if acc else None,
         "best_acc": max(acc.values()) if acc else None,
-        "final_reward": reward[max(reward)] if reward else None,
+        "late_reward": step_mean(reward, late_steps),
         "entropy_first": entropy[min(entropy)] if entropy else None,
         "entropy_last": entropy[max(entropy)] if entropy else None,
-        "mask_ratio": math.fsum(mask) / len(mask) if mask else None,
+        "mask_ratio": step_mean(key_series(run.steps, MASK)),
+        "grad_share": pooled_share(run.steps, *GRAD_BOUND),
         # the sweep's own clock (start-up included) where it ran the run, else the logged step times
         "wall_s": float(wall) if wall is not None else (math.fsum(timing.values()) if timing else None),
     }
@@ -131,10 +153,10 @@ def _cell(stat: dict, digits: int) -> str:
 
 def markdown_table(groups: list[dict]) -> str:
     header = (
-        "| group | seeds | steps | final held-out acc | best held-out acc | final train reward "
-        "| entropy first -> last | mask ratio | wall time (s) |"
+        f"| group | seeds | steps | final held-out acc | best held-out acc | train reward, last {LATE_STEPS} steps "
+        "| entropy first -> last | mask ratio | spurious grad share | wall time (s) |"
     )
-    rows = [header, "|---|---|---|---|---|---|---|---|---|"]
+    rows = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for group in groups:
         s = group["stats"]
         seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
@@ -142,12 +164,16 @@ def markdown_table(groups: list[dict]) -> str:
         entropy = f"{_cell(s['entropy_first'], 3)} -> {_cell(s['entropy_last'], 3)}"
         rows.append(
             f"| {group['group']} | {seeds} | {steps} | {_cell(s['final_acc'], 3)} | {_cell(s['best_acc'], 3)} "
-            f"| {_cell(s['final_reward'], 3)} | {entropy} | {_cell(s['mask_ratio'], 4)} | {_cell(s['wall_s'], 0)} |"
+            f"| {_cell(s['late_reward'], 3)} | {entropy} | {_cell(s['mask_ratio'], 5)} | {_cell(s['grad_share'], 4)} "
+            f"| {_cell(s['wall_s'], 0)} |"
         )
     note = (
         "\nmean ± standard error over seeds (sample std / sqrt(n); no ± with one seed). Held-out accuracy: "
         f"`{ACC}` (or derived from `val-core/*/acc/mean@n`), '-' when no validation ran. Mask ratio: "
-        f"mean over steps of `{MASK}` ('-' for algorithms without the S2T mask).\n"
+        f"mean over steps of `{MASK}`, the silenced share of response tokens; spurious grad share: "
+        f"`{GRAD_BOUND[0]}` summed over steps over `{GRAD_BOUND[1]}` summed over steps, the silenced tokens' "
+        "share of the positive-advantage tokens' bound on the squared logit-gradient norm (docs/algorithm.md "
+        "section 5); '-' for algorithms without the S2T mask.\n"
     )
     return "\n".join(rows) + "\n" + note
 
@@ -186,8 +212,8 @@ def paired_table(differences: list[dict], baseline: str) -> str:
         "both ran.\n"
     )
     header = (
-        "| group | seeds paired | Δ final held-out acc | Δ best held-out acc | Δ final train reward "
-        "| Δ last entropy | Δ wall time (s) |"
+        "| group | seeds paired | Δ final held-out acc | Δ best held-out acc "
+        f"| Δ train reward, last {LATE_STEPS} steps | Δ last entropy | Δ wall time (s) |"
     )
     rows = [intro, header, "|---|---|---|---|---|---|---|"]
     for group in differences:
@@ -195,7 +221,7 @@ def paired_table(differences: list[dict], baseline: str) -> str:
         seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
         rows.append(
             f"| {group['group']} | {seeds} | {_cell(d['final_acc'], 3)} | {_cell(d['best_acc'], 3)} "
-            f"| {_cell(d['final_reward'], 3)} | {_cell(d['entropy_last'], 3)} | {_cell(d['wall_s'], 0)} |"
+            f"| {_cell(d['late_reward'], 3)} | {_cell(d['entropy_last'], 3)} | {_cell(d['wall_s'], 0)} |"
         )
     return "\n".join(rows) + "\n"
 

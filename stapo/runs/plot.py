@@ -38,6 +38,8 @@ FIGURES: dict[str, tuple[Panel, ...]] = {
     "entropy": (Panel("policy entropy (mean over response tokens)", ("actor/entropy",), "nats"),),
     "mask": (
         Panel("STAPO mask ratio (silenced / response tokens)", ("actor/stapo/mask_ratio",), "ratio"),
+        Panel("silenced tokens' share of the gradient bound (positive tokens)",
+              ("actor/stapo/grad_bound_share_spurious",), "share"),
         Panel("entropy threshold tau_h", ("actor/stapo/tau_h",), "nats"),
     ),
 }

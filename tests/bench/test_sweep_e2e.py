@@ -115,7 +115,7 @@ def test_sweep_two_algorithms_two_seeds(tmp_path):
             assert keep_all[step] == justrl[step], (seed, step, metric_diff(justrl[step], keep_all[step]))
     (paired,) = document["paired"]["groups"]
     assert document["paired"]["baseline"] == "algo=justrl" and paired["group"] == "algo=entropy20"
-    for quantity in ("final_acc", "final_reward", "entropy_last"):
+    for quantity in ("final_acc", "late_reward", "entropy_last"):
         assert paired["diff"][quantity]["mean"] == 0.0 and paired["diff"][quantity]["n"] == 2, paired["diff"]
     print(f"[bench] sweep 2 algos x 2 seeds x 2 steps: {elapsed:.0f} s")
 

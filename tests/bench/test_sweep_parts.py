@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stapo.runs.compare import mean_se, summarize_group, write_comparison
+from stapo.runs.compare import mean_se, summarize_group, summarize_run, write_comparison
 from stapo.runs.folder import group_runs, load_run, name_and_seed
 from stapo.runs.plot import group_series, plot_groups
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan, split_values
@@ -109,6 +109,8 @@ def _two_seeds(tmp_path):
                 "val/average/acc": 0.2,
                 "actor/entropy": 1.0,
                 "actor/stapo/mask_ratio": 0.01,
+                "actor/stapo/grad_bound_spurious": 0.5,
+                "actor/stapo/grad_bound_positive": 1.0,
                 "timing_s/step": 10.0,
                 "critic/score/mean": -0.5,
             },
@@ -116,6 +118,8 @@ def _two_seeds(tmp_path):
                 "val/average/acc": 0.6,
                 "actor/entropy": 0.8,
                 "actor/stapo/mask_ratio": 0.03,
+                "actor/stapo/grad_bound_spurious": 0.0,
+                "actor/stapo/grad_bound_positive": 3.0,
                 "timing_s/step": 12.0,
                 "critic/score/mean": 0.0,
             },
@@ -164,7 +168,13 @@ def test_group_summary_against_a_hand_computation(tmp_path):
     assert stats["final_acc"]["se"] == pytest.approx(np.std([0.4, 0.6], ddof=1) / np.sqrt(2))
     assert stats["best_acc"]["mean"] == pytest.approx(0.6) and stats["best_acc"]["se"] == pytest.approx(0.0)
     assert stats["mask_ratio"]["mean"] == pytest.approx((0.02 + 0.06) / 2)
-    assert stats["final_reward"]["mean"] == pytest.approx((0.5 + 0.25) / 2)
+    # the grad share is logged by seed 1 only (steps 1 and 2), pooled over its steps: (0.5 + 0) / (1 + 3),
+    # not the mean of the steps' shares (0.25); one run, so no standard error
+    assert stats["grad_share"]["mean"] == pytest.approx(0.125) and stats["grad_share"]["se"] is None
+    # every step is among the last 10: seed 1 (-0.5 + 0 + 0.5) / 3, seed 2 (-0.25 + 0.25) / 2
+    assert stats["late_reward"]["mean"] == pytest.approx(0.0)
+    assert summarize_run(runs[0], late_steps=2).values["late_reward"] == pytest.approx((0.0 + 0.5) / 2)
+    assert summarize_run(runs[1], late_steps=1).values["late_reward"] == pytest.approx(0.25)
     assert stats["entropy_first"]["mean"] == pytest.approx(1.1) and stats["entropy_last"]["mean"] == pytest.approx(0.85)
     # wall time: the sweep's clock where recorded (123 s), else the sum of step times (33 s)
     assert stats["wall_s"]["mean"] == pytest.approx((33.0 + 123.0) / 2)
@@ -180,7 +190,7 @@ def test_comparison_files(tmp_path):
     document = write_comparison({"stapo": groups["stapo"] + groups["algo=stapo"], "grpo": groups["grpo"]}, tmp_path)
     table = (tmp_path / "comparison.md").read_text()
     assert "| stapo | 1,2 | 2/3 | 0.500 ± 0.100 |" in table
-    assert "| grpo | 1 | 1 | - | - | - | 0.500 -> 0.500 | - | 5 |" in table
+    assert "| grpo | 1 | 1 | - | - | - | 0.500 -> 0.500 | - | - | 5 |" in table
     assert json.loads((tmp_path / "comparison.json").read_text()) == json.loads(json.dumps(document))
 
 
