@@ -8,6 +8,21 @@ from pathlib import Path
 from stapo.models.cache import build_once
 from stapo.models.tiny import SETTINGS, build_tiny_model
 
+# a build that takes a second and logs each time it runs, for the processes of the race below
+SLOW_BUILD = """
+import sys, time
+from pathlib import Path
+from stapo.models.cache import build_once
+
+def build(folder):
+    with open(sys.argv[2], "a") as log:
+        log.write("built\\n")
+    time.sleep(1.0)
+    (folder / "done.txt").write_text("ok")
+
+print(build_once(Path(sys.argv[1]), "done.txt", build))
+"""
+
 
 def test_tiny_model_is_deterministic_and_cached(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -35,7 +50,27 @@ def test_build_once_leaves_no_partial_folder_when_the_build_fails(tmp_path):
         build_once(tmp_path / "model", "done.txt", broken)
     except RuntimeError:
         pass
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [".model.lock"]  # the lock file only, no partial folder
     calls = []
     path = build_once(tmp_path / "model", "done.txt", lambda f: (calls.append(1), (f / "done.txt").write_text("ok")))
     assert build_once(tmp_path / "model", "done.txt", lambda f: calls.append(2)) == path and calls == [1]
+
+
+def test_processes_asking_at_once_build_once_and_share_the_result(tmp_path):
+    """Three processes ask for the same missing model together: one builds, the others wait for it."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "builds.log"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(tmp_path / "model"), str(log)],
+                         stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs)
+    assert log.read_text() == "built\n"
+    assert {line for out in outputs for line in out.splitlines() if not line.startswith("[stapo]")} == {
+        str(tmp_path / "model")
+    }
+    assert (tmp_path / "model" / "done.txt").read_text() == "ok"
