@@ -53,10 +53,12 @@ bench: setup
 # 60 steps of 8 x 8 samples, held-out every 20 steps; 6 runs one after another, about 6 min each on 2
 # cores. Re-running resumes: finished runs are skipped, an interrupted one restarts from its last
 # checkpoint. More seeds: COMPARE_SEEDS=1,2,3,4,5.
+# the recorded comparison results/testbed-addition-5seeds: 20 runs of about 6 min each on 2 cores;
+# checkpoints every 20 steps (they change no number) let an interrupted sweep resume
 COMPARE_OUT ?= runs/compare-testbed
-COMPARE_SEEDS ?= 1,2
+COMPARE_SEEDS ?= 1,2,3,4,5
 compare: setup
-	$(BIN)/stapo sweep --grid algo=stapo,grpo,entropy20 --seeds $(COMPARE_SEEDS) --baseline algo=grpo \
+	$(BIN)/stapo sweep --grid algo=justrl,stapo,grpo,entropy20 --seeds $(COMPARE_SEEDS) --baseline algo=justrl \
 		--out $(COMPARE_OUT) -- model_preset=testbed trainer.total_training_steps=60 trainer.test_freq=20 \
 		trainer.save_freq=20
 
