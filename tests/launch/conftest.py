@@ -17,7 +17,9 @@ checkpoint) and test_smoke_cluster.py (the smoke report) read it; each submitted
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,9 @@ from tests.launch.local_cluster import smoke, start_cluster
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray")  # short: Ray's socket paths are limited to ~107 characters
+    # Ray's socket paths are limited to 107 bytes: a folder under pytest's basetemp is too long once the
+    # basetemp is (a worker's popen-gwN/, a --basetemp in a deep workspace), so the nodes live in /tmp
+    root = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))
     shared = tmp_path_factory.mktemp("shared")
     started = time.monotonic()
     cluster = start_cluster(root, shared, num_cpus=8, num_gpus=1)
@@ -42,6 +46,7 @@ def cluster(tmp_path_factory):
     print(f"[launch] cluster stopped in {time.monotonic() - started:.1f} s")
     assert cluster.own_processes() == []
     assert all(node.proc.poll() is not None for node in cluster.nodes)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass
