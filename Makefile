@@ -47,12 +47,11 @@ demo: setup
 bench: setup
 	$(BIN)/python -m benchmarks.run --write
 
-# The recorded comparison on the testbed (results/README.md): STAPO, GRPO and 20-Entropy, 2 seeds each,
-# 60 steps of 8 x 8 samples, held-out every 20 steps; 6 runs one after another, about 6 min each on 2
-# cores. Re-running resumes: finished runs are skipped, an interrupted one restarts from its last
-# checkpoint. More seeds: COMPARE_SEEDS=1,2,3,4,5.
-# the recorded comparison results/testbed-addition-5seeds: 20 runs of about 6 min each on 2 cores;
-# checkpoints every 20 steps (they change no number) let an interrupted sweep resume
+# The recorded comparison on the testbed (results/testbed-addition-5seeds, results/README.md): JustRL,
+# STAPO, GRPO and 20-Entropy, 5 seeds each, 60 steps of 8 x 8 samples, held-out every 20 steps; 20 runs
+# one after another, about 6 min each on 2 cores. Re-running resumes: finished runs are skipped, an
+# interrupted one restarts from its last checkpoint (every 20 steps; checkpoints change no number).
+# Fewer seeds for a quicker look: COMPARE_SEEDS=1,2.
 COMPARE_OUT ?= runs/compare-testbed
 COMPARE_SEEDS ?= 1,2,3,4,5
 compare: setup

@@ -1,9 +1,9 @@
 """The comparison a sweep writes: per group of runs (one grid cell, several seeds), mean +- standard error.
 
 Per run: final and best held-out accuracy, the training reward of the last ``LATE_STEPS`` steps (one
-step's reward is a few prompts' luck), the entropy trajectory, the mean mask ratio against the mean
-share of the policy-gradient bound the masked tokens carry (docs/algorithm.md section 5), and the wall
-time. Per group: the mean over seeds and its standard error (sample standard
+step's reward is a few prompts' luck), the entropy trajectory, the mean mask ratio against the share of
+the policy-gradient bound the masked tokens carry, pooled over the run's steps (docs/algorithm.md
+section 5), and the wall time. Per group: the mean over seeds and its standard error (sample standard
 deviation with ddof=1 over sqrt(n); undefined, written ``-`` / null, for a single seed). Groups are
 compared on the same quantities; the entropy trajectory is averaged step by step over the seeds that
 logged that step. Pure Python on the run folders' metrics (no verl, no torch).

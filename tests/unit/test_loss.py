@@ -189,9 +189,6 @@ def test_effective_weight_is_the_autograd_weight_of_the_clipped_loss(seed):
 
 def test_grad_norm_lower_bound_is_the_closed_form_and_below_the_exact_norm():
     logits, token_ids, weight = _random_logits(7, vocab=120)
-    probs = torch.softmax(logits, dim=-1)
-    entropy = -(probs * torch.log(probs)).sum(-1)
-    p = probs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
     # one likely token of middling entropy, where the closed form is negative: p = 0.9, the rest spread evenly
     logits[0] = torch.cat([torch.tensor([8.0]), torch.full((119,), 8.0 - math.log(0.9 / 0.1 * 119))])
     token_ids[0] = 0
