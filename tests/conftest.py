@@ -16,8 +16,9 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
 
 import pytest  # noqa: E402
 
-# the trainer runs that several test modules share, each run once per session (tests/e2e/shared_runs.py)
-pytest_plugins = ["tests.e2e.shared_runs"]
+# the trainer runs that several test modules share, each run once per session (tests/e2e/shared_runs.py),
+# and how the suite splits over pytest-xdist workers (tests/parallel.py)
+pytest_plugins = ["tests.e2e.shared_runs", "tests.parallel"]
 
 # The CLI and the doctor set RAY_AUTH_MODE in their own process, as a user's driver needs. In the one
 # pytest process that setting would outlive the test and make every later ray.init start a cluster

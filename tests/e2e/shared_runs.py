@@ -25,6 +25,8 @@ import pytest
 from tests.e2e.cpu_runs import Run, run_recipe
 
 RUN_TIMEOUT_S = 600
+# the fixtures below, by name: the modules that read them run on one pytest-xdist worker (tests/parallel.py)
+SHARED_RUN_FIXTURES = frozenset({"stapo_run", "grpo_run", "entropy20_run"})
 
 # algo=stapo, 4 steps, a checkpoint every 2 steps, the run folder and verl's rollout dump
 STAPO = [
