@@ -226,17 +226,52 @@ def paired_table(differences: list[dict], baseline: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+# the quantities of a two-axis grid's tables: (stat, title, digits)
+GRID_QUANTITIES = (
+    ("final_acc", "final held-out acc", 3),
+    ("late_reward", f"train reward, last {LATE_STEPS} steps", 3),
+    ("entropy_last", "last entropy", 3),
+    ("mask_ratio", "mask ratio", 5),
+)
+
+GridAxis = tuple[str, list[str]]  # (label as in the group names, e.g. "tau_p"; its values in grid order)
+
+
+def grid_tables(summary: list[dict], rows: GridAxis, cols: GridAxis) -> str:
+    """A sweep over two axes laid out as an ablation table: one table per quantity, ``rows``' values down,
+    ``cols``' values across, mean ± SE over seeds in each cell (group ``<row>=<r>,<col>=<c>``)."""
+    by_name = {group["group"]: group for group in summary}
+    (row_label, row_values), (col_label, col_values) = rows, cols
+    out = []
+    for stat, title, digits in GRID_QUANTITIES:
+        lines = [
+            f"\n{title}: {row_label} (rows) x {col_label} (columns), mean ± SE over seeds\n",
+            f"| {row_label} \\ {col_label} | " + " | ".join(col_values) + " |",
+            "|---|" + "---|" * len(col_values),
+        ]
+        for r in row_values:
+            cells = []
+            for c in col_values:
+                group = by_name.get(f"{row_label}={r},{col_label}={c}")
+                cells.append(_cell(group["stats"][stat], digits) if group else "-")
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    return "\n".join(out) + "\n"
+
+
 def write_comparison(
     groups: dict[str, list[RunData]],
     out_dir: Path,
     meta: dict | None = None,
     baseline: str | None = None,
     paired: bool = True,
+    grid: tuple[GridAxis, GridAxis] | None = None,
 ) -> dict:
     """``comparison.md`` and ``comparison.json`` in ``out_dir``; returns the JSON document.
 
     With two or more groups (and ``paired``) the paired differences to ``baseline`` (default: the
-    first group) follow.
+    first group) follow; with ``grid`` (a sweep over two axes) the ablation-style tables of
+    :func:`grid_tables` after them.
     """
     summary = [summarize_group(name, runs) for name, runs in groups.items()]
     document = {**(meta or {}), "acc_key": ACC, "groups": summary}
@@ -245,6 +280,8 @@ def write_comparison(
         baseline = summary[0]["group"] if baseline is None else baseline
         document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}
         table += paired_table(document["paired"]["groups"], baseline)
+    if grid is not None:
+        table += grid_tables(summary, *grid)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     (out_dir / "comparison.md").write_text(table, encoding="utf-8")

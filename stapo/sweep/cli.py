@@ -10,7 +10,10 @@ unfinished run restarts from its last checkpoint (its own ``checkpoints/`` folde
 ``trainer.resume_mode=auto``). After the runs, and with ``--compare-only`` at any time,
 ``OUT/comparison.md`` / ``.json`` and ``OUT/plots/`` are written from the run folders: mean ± standard
 error per cell over seeds, then each cell's difference to ``--baseline`` (default the first cell) paired
-by seed, the comparison that the shared seeds make sharper.
+by seed, the comparison that the shared seeds make sharper. A grid of two axes (an ablation such as
+``--grid actor_rollout_ref.actor.policy_loss.tau_p=0.002,0.01 --grid
+actor_rollout_ref.actor.policy_loss.entropy_quantile=0.5,0.75``) also gets one table per quantity with
+the first axis down and the second across.
 
 On a Ray cluster (started with launch/ray/start_head.sh and start_worker.sh, see launch/README.md):
 
@@ -43,7 +46,7 @@ import time
 from pathlib import Path
 
 from stapo.runs.folder import config_value, load_run, read_record, read_run_metrics, write_record
-from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan
+from stapo.sweep.grid import Axis, PlannedRun, axis_label, parse_axis, parse_seeds, plan
 
 STEP_TIME = "timing_s/step"
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -102,9 +105,11 @@ class UnknownBaseline(Exception):
 
 
 def compare(
-    out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: dict, baseline: str | None = None
+    out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: dict, baseline: str | None = None,
+    axes: list[Axis] | None = None,
 ) -> list[Path]:
-    """The comparison of every planned run that has metrics; returns the files written.
+    """The comparison of every planned run that has metrics; returns the files written. A grid of two
+    ``axes`` (and no ``group_by``) also gets its ablation-style tables, the first axis down.
 
     Raises :class:`UnknownBaseline` after writing the comparison without its paired table."""
     from stapo.runs.compare import write_comparison
@@ -125,7 +130,10 @@ def compare(
             f"--baseline {baseline!r} is none of the compared groups {sorted(groups)}: {out_dir / 'comparison.md'} "
             "has no paired table; rerun with --compare-only --baseline <one of them>"
         )
-    write_comparison(groups, out_dir, meta, baseline)
+    grid = None
+    if axes is not None and len(axes) == 2 and group_by is None:
+        grid = tuple((axis_label(axis.key, axes), list(axis.values)) for axis in axes)
+    write_comparison(groups, out_dir, meta, baseline, grid=grid)
     written = [out_dir / "comparison.md", out_dir / "comparison.json"]
     try:
         from stapo.runs.plot import draw_groups
@@ -274,7 +282,7 @@ def main(argv: list[str]) -> int:
         return 0
     failed = [] if args.compare_only else run_all(args, runs, common)
     try:
-        written = compare(args.out, runs, args.group_by, meta, args.baseline)
+        written = compare(args.out, runs, args.group_by, meta, args.baseline, axes)
     except UnknownBaseline as error:
         print(f"[sweep] error: {error}", flush=True)
         return 2

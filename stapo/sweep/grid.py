@@ -94,7 +94,7 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _label(key: str, axes: list[Axis]) -> str:
+def axis_label(key: str, axes: list[Axis]) -> str:
     """The key's last component when that names it uniquely among the axes ("algo", "tau_p")."""
     leaf = key.lstrip("+~").rsplit(".", 1)[-1]
     clashes = [a for a in axes if a.key.lstrip("+~").rsplit(".", 1)[-1] == leaf]
@@ -111,7 +111,7 @@ def plan(axes: list[Axis], seeds: list[int], out_dir: Path) -> list[PlannedRun]:
     cells = []
     for combo in itertools.product(*(a.values for a in axes)) if axes else [()]:
         pairs = [(axis, value) for axis, value in zip(axes, combo, strict=True)]
-        cell = ",".join(f"{_label(axis.key, axes)}={value}" for axis, value in pairs) or "base"
+        cell = ",".join(f"{axis_label(axis.key, axes)}={value}" for axis, value in pairs) or "base"
         overrides = tuple(f"{axis.key}={value}" for axis, value in pairs)
         cells.append((cell, overrides, _UNSAFE.sub("_", cell.replace(",", "__").replace("=", "-"))))
     # seed by seed: a sweep cut short (or the first --max-parallel jobs) holds every cell of the seeds it

@@ -388,6 +388,38 @@ def test_dry_run_and_compare_only(tmp_path, capsys):
     assert main(["--grid", "algo=stapo,grpo", "--seeds", "1,2", "--out", str(tmp_path), "--compare-only"]) == 0
     table = (tmp_path / "comparison.md").read_text()
     assert "| algo=stapo | 1,2 | 1 | 0.650 ± 0.050 |" in table and "| algo=grpo | 1,2 | 1 | 0.400 ± 0.050 |" in table
+    assert "(rows)" not in table  # one axis: no ablation layout
+
+
+def test_a_two_axis_grid_is_laid_out_as_an_ablation_table(tmp_path):
+    """tau_p down, q across, each cell the mean ± SE over seeds of that (tau_p, q): computed here cell by cell
+    from the values written, with one cell left without runs ('-')."""
+    from stapo.sweep.cli import main
+    from stapo.sweep.grid import parse_axis, plan
+
+    rng = np.random.default_rng()
+    tau_p = "actor_rollout_ref.actor.policy_loss.tau_p=0.002,0.01"
+    q = "actor_rollout_ref.actor.policy_loss.entropy_quantile=0.5,0.75,1.0"
+    written: dict[str, list[float]] = {}
+    for run in plan([parse_axis(tau_p), parse_axis(q)], [1, 2, 3], tmp_path):
+        if run.cell == "tau_p=0.01,entropy_quantile=1.0":
+            continue
+        acc = float(rng.uniform(0.2, 0.6))
+        written.setdefault(run.cell, []).append(acc)
+        write_metrics(run.run_dir, {2: {"val/average/acc": acc, "actor/stapo/mask_ratio": acc / 100}},
+                      record={"cell": run.cell, "seed": run.seed, "returncode": 0, "seconds": 10.0})
+    assert main(["--grid", tau_p, "--grid", q, "--seeds", "1,2,3", "--out", str(tmp_path), "--compare-only"]) == 0
+    table = (tmp_path / "comparison.md").read_text()
+    section = table.split("final held-out acc: tau_p (rows) x entropy_quantile (columns)")[1].split("\n\n")[1]
+    lines = section.splitlines()
+    assert lines[0] == "| tau_p \\ entropy_quantile | 0.5 | 0.75 | 1.0 |"
+    for line, tau in zip(lines[2:], ("0.002", "0.01"), strict=True):
+        expected = []
+        for value in ("0.5", "0.75", "1.0"):
+            accs = written.get(f"tau_p={tau},entropy_quantile={value}")
+            expected.append("-" if accs is None else f"{np.mean(accs):.3f} ± {np.std(accs, ddof=1) / np.sqrt(3):.3f}")
+        assert line == f"| {tau} | " + " | ".join(expected) + " |"
+    assert "mask ratio: tau_p (rows) x entropy_quantile (columns)" in table
 
 
 @pytest.mark.parametrize(
