@@ -13,6 +13,10 @@ also compared *paired*: per seed the difference of a quantity to the baseline gr
 standard error over the seeds both ran. Common random numbers cancel the seed's own luck (which prompts
 came first, which samples were drawn), so the paired standard error is the one that says whether a
 difference is there; the unpaired ones of the first table overstate the uncertainty of a difference.
+
+Then, for a sweep over two axes, the ablation layout (``grid_tables``), and for each group that trains
+with the S2T mask, the logged threshold grid: what other (tau_p, q) would have silenced
+(stapo/runs/threshold_table.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 
 from stapo.eval.val_metrics import benchmark_val_metrics
 from stapo.runs.folder import RunData
+from stapo.runs.stats import mean_se
+from stapo.runs.threshold_table import threshold_table
 
 ACC = "val/average/acc"
 ENTROPY = "actor/entropy"
@@ -37,19 +43,6 @@ QUANTITIES = (
     "final_acc", "best_acc", "late_reward", "entropy_first", "entropy_last", "mask_ratio", "grad_share", "wall_s"
 )
 PAIRED = ("final_acc", "best_acc", "late_reward", "entropy_last", "wall_s")
-
-
-def mean_se(values: list[float]) -> tuple[float | None, float | None, int]:
-    """(mean, standard error of the mean, n) of the finite values; se is None below two values."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
-    n = len(finite)
-    if n == 0:
-        return None, None, 0
-    mean = math.fsum(finite) / n
-    if n < 2:
-        return mean, None, n
-    variance = math.fsum((v - mean) ** 2 for v in finite) / (n - 1)
-    return mean, math.sqrt(variance / n), n
 
 
 def accuracy_series(steps: dict[int, dict[str, float]]) -> dict[int, float]:
@@ -282,6 +275,13 @@ def write_comparison(
         table += paired_table(document["paired"]["groups"], baseline)
     if grid is not None:
         table += grid_tables(summary, *grid)
+    # the threshold grid of the groups that train with the S2T mask (the others log it too: the same
+    # tokens, unmasked; it would repeat the table)
+    for group in summary:
+        if group["stats"]["mask_ratio"]["mean"] is not None and (found := threshold_table(group["group"],
+                                                                                          groups[group["group"]])):
+            group["threshold_grid"], text = found
+            table += text
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     (out_dir / "comparison.md").write_text(table, encoding="utf-8")

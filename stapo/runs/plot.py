@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from stapo.runs.compare import mean_se
 from stapo.runs.folder import RunData, group_runs, load_run, read_run_metrics
+from stapo.runs.stats import mean_se
 from stapo.validation import did_you_mean
 
 

@@ -195,6 +195,49 @@ def test_comparison_files(tmp_path):
 
 
 
+def test_the_logged_threshold_grid_over_seeds(tmp_path):
+    """Per run the mean over steps of each (tau_p, q) cell's would-be mask ratio, then mean ± SE over the
+    runs: computed here with loops and numpy on random values; a run without the S2T mask gets no table."""
+    rng = np.random.default_rng()
+    tau_ps, qs = ("0.001", "0.002", "0.01"), ("0.5", "1")
+    logged = {}  # seed -> step -> cell -> value
+    runs = []
+    for seed in (1, 2, 3):
+        steps = {}
+        for step in (1, 2, 3, 4):
+            row = {"actor/stapo/mask_ratio": 1e-4, "actor/entropy": 1.0}
+            for tau_p in tau_ps:
+                for q in qs:
+                    if seed == 3 and step == 4 and tau_p == "0.01":
+                        continue  # a step that did not log a cell
+                    value = float(rng.uniform(0, 1e-3))
+                    row[f"actor/stapo/ablation/pos/tau_p={tau_p},q={q}/mask_ratio"] = value
+                    row[f"actor/stapo/ablation/neg/tau_p={tau_p},q={q}/mask_ratio"] = 1.0  # never read
+                    logged.setdefault(seed, {}).setdefault(step, {})[(tau_p, q)] = value
+            steps[step] = row
+        runs.append(load_run(write_metrics(tmp_path / f"stapo-seed{seed}", steps,
+                                           record={"cell": "stapo", "seed": seed})))
+    runs.append(load_run(write_metrics(tmp_path / "grpo-seed1", {1: {"actor/entropy": 1.0, **{
+        f"actor/stapo/ablation/pos/tau_p={t},q={q}/mask_ratio": 0.5 for t in tau_ps for q in qs}}},
+        record={"cell": "grpo", "seed": 1})))
+    document = write_comparison(group_runs(runs), tmp_path / "out")
+    stapo, grpo = document["groups"]
+    assert "threshold_grid" not in grpo
+    got = {(c["tau_p"], c["q"]): c for c in stapo["threshold_grid"]["cells"]}
+    assert set(got) == {(t, q) for t in tau_ps for q in qs}
+    for cell, stat in got.items():
+        per_run = []
+        for seed in (1, 2, 3):
+            values = [logged[seed][step][cell] for step in logged[seed] if cell in logged[seed][step]]
+            per_run.append(sum(values) / len(values))
+        assert stat["mean"] == pytest.approx(np.mean(per_run))
+        assert stat["se"] == pytest.approx(np.std(per_run, ddof=1) / np.sqrt(3))
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert "would have silenced in `stapo`'s own rollouts (3 runs)" in table and "| tau_p \\ q | 0.5 | 1 |" in table
+    first = got[("0.001", "0.5")]
+    assert f"| 0.001 | {100 * first['mean']:.4f} ± {100 * first['se']:.4f} |" in table
+
+
 def test_paired_differences_seed_by_seed(tmp_path):
     """The paired table takes each seed's difference to the baseline's run of that seed, then mean and
     SE over the seeds both ran: computed here seed by seed in a loop, against numpy's std."""
