@@ -121,6 +121,14 @@ def test_tiny_stapo_job_on_two_nodes_through_submit_sh(cluster, two_node_job):
     }
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT back to its default in the child, as a command typed in a terminal has it. A suite started
+    in the background (``make test &``, nohup, some CI runners) runs with SIGINT ignored, which every
+    child inherits; Python then installs no KeyboardInterrupt handler and the interrupt below would be
+    lost (it was, once, in a full suite started with nohup ... &)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _sweep(cluster, out, grid: str, *extra: str, popen: bool = False):
     command = [
         sys.executable,
@@ -149,7 +157,8 @@ def _sweep(cluster, out, grid: str, *extra: str, popen: bool = False):
     ]
     if popen:
         return subprocess.Popen(
-            command, cwd=REPO, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command, cwd=REPO, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=_ctrl_c_as_in_a_terminal,
         )
     return subprocess.run(command, check=False, cwd=REPO, env=cluster.env, capture_output=True, text=True, timeout=480)
 
