@@ -27,12 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.eval.val_metrics import benchmark_val_metrics
-from stapo.runs.folder import RunData
+from stapo.runs.folder import RunData, config_value
 from stapo.runs.stats import mean_se
 from stapo.runs.threshold_table import threshold_table
 
 ACC = "val/average/acc"
 ENTROPY = "actor/entropy"
+# verl aggregates actor/entropy over tokens with the actor's loss_agg_mode: only "token-mean" is the mean
+# entropy of a response token (Dr.GRPO's seq-mean-token-sum-norm divides each sequence's sum by the
+# maximum response length, so its entropy reads lower by about mean length / maximum length)
+AGG_MODE = "actor_rollout_ref.actor.loss_agg_mode"
+TOKEN_MEAN = "token-mean"
+NOT_TOKEN_MEAN = " †"
 MASK = "actor/stapo/mask_ratio"
 # the spurious tokens' and all positive-advantage tokens' summed gradient-norm bounds, per step
 GRAD_BOUND = ("actor/stapo/grad_bound_spurious", "actor/stapo/grad_bound_positive")
@@ -129,12 +135,24 @@ def summarize_group(name: str, runs: list[RunData]) -> dict:
             trajectory[key].append(value)
     return {
         "group": name,
+        # None: no config.yaml beside the metrics (then taken as token-mean)
+        "entropy_agg": sorted({str(config_value(s.run.path, AGG_MODE)) for s in summaries}),
         "seeds": [s.run.seed for s in summaries],
         "steps_trained": [s.steps_trained for s in summaries],
         "stats": stats,
         "entropy_trajectory": trajectory,
         "runs": [s.to_json() for s in summaries],
     }
+
+
+ENTROPY_NOTE = (
+    f"\n†: `{ENTROPY}` aggregated with this run's `loss_agg_mode` (not {TOKEN_MEAN}), as verl logs it: not the "
+    "mean entropy of a response token, so not comparable with the other rows' entropy.\n"
+)
+
+
+def entropy_is_token_mean(group: dict) -> bool:
+    return all(mode in ("None", TOKEN_MEAN) for mode in group.get("entropy_agg", ["None"]))
 
 
 def _cell(stat: dict, digits: int) -> str:
@@ -155,6 +173,7 @@ def markdown_table(groups: list[dict]) -> str:
         seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
         steps = "/".join(str(n) for n in sorted(set(group["steps_trained"])))
         entropy = f"{_cell(s['entropy_first'], 3)} -> {_cell(s['entropy_last'], 3)}"
+        entropy += "" if entropy_is_token_mean(group) else NOT_TOKEN_MEAN
         rows.append(
             f"| {group['group']} | {seeds} | {steps} | {_cell(s['final_acc'], 3)} | {_cell(s['best_acc'], 3)} "
             f"| {_cell(s['late_reward'], 3)} | {entropy} | {_cell(s['mask_ratio'], 5)} | {_cell(s['grad_share'], 4)} "
@@ -168,6 +187,8 @@ def markdown_table(groups: list[dict]) -> str:
         "share of the positive-advantage tokens' bound on the squared logit-gradient norm (docs/algorithm.md "
         "section 5); '-' for algorithms without the S2T mask.\n"
     )
+    if not all(entropy_is_token_mean(group) for group in groups):
+        note += ENTROPY_NOTE
     return "\n".join(rows) + "\n" + note
 
 
@@ -195,7 +216,9 @@ def paired_differences(summary: list[dict], baseline: str) -> list[dict]:
             ]
             mean, se, n = mean_se(deltas)
             diff[quantity] = {"mean": mean, "se": se, "n": n}
-        out.append({"group": group["group"], "seeds": [run["seed"] for run, _ in pairs], "diff": diff})
+        comparable = entropy_is_token_mean(group) and entropy_is_token_mean(summary[names.index(baseline)])
+        out.append({"group": group["group"], "seeds": [run["seed"] for run, _ in pairs], "diff": diff,
+                     "entropy_token_mean": comparable})
     return out
 
 
@@ -214,8 +237,11 @@ def paired_table(differences: list[dict], baseline: str) -> str:
         seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
         rows.append(
             f"| {group['group']} | {seeds} | {_cell(d['final_acc'], 3)} | {_cell(d['best_acc'], 3)} "
-            f"| {_cell(d['late_reward'], 3)} | {_cell(d['entropy_last'], 3)} | {_cell(d['wall_s'], 0)} |"
+            f"| {_cell(d['late_reward'], 3)} | {_cell(d['entropy_last'], 3)}"
+            f"{'' if group.get('entropy_token_mean', True) else NOT_TOKEN_MEAN} | {_cell(d['wall_s'], 0)} |"
         )
+    if not all(group.get("entropy_token_mean", True) for group in differences):
+        rows.append(ENTROPY_NOTE)
     return "\n".join(rows) + "\n"
 
 

@@ -195,6 +195,29 @@ def test_comparison_files(tmp_path):
 
 
 
+def test_entropy_not_aggregated_as_a_token_mean_is_flagged(tmp_path):
+    """verl logs actor/entropy with the run's loss_agg_mode: a Dr.GRPO run's (seq-mean-token-sum-norm) is not
+    a token mean, so its entropy cells, alone and paired, carry the mark and the note says why."""
+    runs = []
+    for name, mode in (("justrl", "token-mean"), ("drgrpo", "seq-mean-token-sum-norm"), ("grpo", None)):
+        run_dir = write_metrics(tmp_path / f"{name}-seed1", {1: {"actor/entropy": 0.1, "val/average/acc": 0.5}},
+                                record={"cell": name, "seed": 1})
+        if mode is not None:  # grpo: a folder without config.yaml counts as token-mean
+            (run_dir / "config.yaml").write_text(f"actor_rollout_ref:\n  actor:\n    loss_agg_mode: {mode}\n")
+        runs.append(load_run(run_dir))
+    document = write_comparison(group_runs(runs), tmp_path / "out", baseline="justrl")
+    assert {g["group"]: g["entropy_agg"] for g in document["groups"]} == {
+        "justrl": ["token-mean"], "drgrpo": ["seq-mean-token-sum-norm"], "grpo": ["None"]}
+    paired = {g["group"]: g["entropy_token_mean"] for g in document["paired"]["groups"]}
+    assert paired == {"drgrpo": False, "grpo": True}
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| drgrpo | 1 | 0 | 0.500 | 0.500 | - | 0.100 -> 0.100 † |" in table
+    assert "| justrl | 1 | 0 | 0.500 | 0.500 | - | 0.100 -> 0.100 |" in table
+    assert "| drgrpo | 1 | 0.000 | 0.000 | - | 0.000 † |" in table
+    assert "| grpo | 1 | 0.000 | 0.000 | - | 0.000 |" in table
+    assert table.count("†: `actor/entropy` aggregated with this run's `loss_agg_mode`") == 2
+
+
 def test_the_logged_threshold_grid_over_seeds(tmp_path):
     """Per run the mean over steps of each (tau_p, q) cell's would-be mask ratio, then mean ± SE over the
     runs: computed here with loops and numpy on random values; a run without the S2T mask gets no table."""
