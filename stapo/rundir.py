@@ -28,6 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 METRICS_NAME = "metrics.jsonl"
 TENSORBOARD_NAME = "tensorboard"
 WANDB_NAME = "wandb"  # wandb makes this folder itself under the directory it is given
+# a metric of ours the readers prefer to verl's: the old pass's entropy averaged over every response token
+# of the batch (the driver logs it, stapo.verl_plugin.driver_diagnostics). verl's actor/entropy is
+# aggregated with the actor's loss_agg_mode, so under Dr.GRPO's or GSPO's it is not this mean
+ENTROPY_TOKEN_MEAN = "actor/stapo/entropy_token_mean"
 _SEGMENT = re.compile(r"metrics\.prev-(\d+)\.jsonl$")
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.eval.val_metrics import benchmark_val_metrics
+from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.runs.folder import RunData, config_value
 from stapo.runs.stats import mean_se
 from stapo.runs.threshold_table import threshold_table
@@ -35,7 +36,8 @@ ACC = "val/average/acc"
 ENTROPY = "actor/entropy"
 # verl aggregates actor/entropy over tokens with the actor's loss_agg_mode: only "token-mean" is the mean
 # entropy of a response token (Dr.GRPO's seq-mean-token-sum-norm divides each sequence's sum by the
-# maximum response length, so its entropy reads lower by about mean length / maximum length)
+# maximum response length, so its entropy reads lower by about mean length / maximum length). The driver
+# logs that mean for every mode (ENTROPY_TOKEN_MEAN): read first, actor/entropy for runs without it
 AGG_MODE = "actor_rollout_ref.actor.loss_agg_mode"
 TOKEN_MEAN = "token-mean"
 NOT_TOKEN_MEAN = " †"
@@ -71,6 +73,7 @@ class RunSummary:
     run: RunData
     values: dict[str, float | None]
     entropy: dict[int, float]
+    entropy_token_mean: bool  # the entropy series is the mean entropy of a response token
 
     def to_json(self) -> dict:
         return {
@@ -79,6 +82,7 @@ class RunSummary:
             "steps_trained": self.steps_trained,
             **self.values,
             "entropy_trajectory": {str(k): v for k, v in self.entropy.items()},
+            "entropy_token_mean": self.entropy_token_mean,
         }
 
     @property
@@ -101,9 +105,18 @@ def pooled_share(steps: dict[int, dict[str, float]], part: str, whole: str) -> f
     return math.fsum(p for p, _ in pairs) / total if pairs and total > 0 else None
 
 
-def summarize_run(run: RunData, late_steps: int = LATE_STEPS) -> RunSummary:
+def logged_token_mean_entropy(run: RunData) -> bool:
+    return any(ENTROPY_TOKEN_MEAN in metrics for metrics in run.steps.values())
+
+
+def summarize_run(run: RunData, late_steps: int = LATE_STEPS, token_mean_entropy: bool = True) -> RunSummary:
+    """``token_mean_entropy``: read the entropy from ``ENTROPY_TOKEN_MEAN`` where the run logged it (a
+    group reads one source for all its runs: ``summarize_group``)."""
     acc = accuracy_series(run.steps)
-    entropy = key_series(run.steps, ENTROPY)
+    entropy = key_series(run.steps, ENTROPY_TOKEN_MEAN) if token_mean_entropy else {}
+    # None: no config.yaml beside the metrics (then taken as token-mean)
+    token_mean = bool(entropy) or str(config_value(run.path, AGG_MODE)) in ("None", TOKEN_MEAN)
+    entropy = entropy or key_series(run.steps, ENTROPY)
     reward = next((s for key in REWARD if (s := key_series(run.steps, key))), {})
     timing = key_series(run.steps, STEP_TIME)
     wall = run.record.get("seconds")
@@ -118,11 +131,14 @@ def summarize_run(run: RunData, late_steps: int = LATE_STEPS) -> RunSummary:
         # the sweep's own clock (start-up included) where it ran the run, else the logged step times
         "wall_s": float(wall) if wall is not None else (math.fsum(timing.values()) if timing else None),
     }
-    return RunSummary(run, values, entropy)
+    return RunSummary(run, values, entropy, token_mean)
 
 
 def summarize_group(name: str, runs: list[RunData]) -> dict:
-    summaries = [summarize_run(run) for run in runs]
+    # one entropy source for the whole group: runs from before the driver logged the token mean (a sweep
+    # resumed across an upgrade) would otherwise mix it with actor/entropy of another aggregation
+    token_mean_entropy = all(logged_token_mean_entropy(run) for run in runs)
+    summaries = [summarize_run(run, token_mean_entropy=token_mean_entropy) for run in runs]
     stats = {}
     for quantity in QUANTITIES:
         mean, se, n = mean_se([s.values[quantity] for s in summaries])
@@ -135,8 +151,8 @@ def summarize_group(name: str, runs: list[RunData]) -> dict:
             trajectory[key].append(value)
     return {
         "group": name,
-        # None: no config.yaml beside the metrics (then taken as token-mean)
         "entropy_agg": sorted({str(config_value(s.run.path, AGG_MODE)) for s in summaries}),
+        "entropy_token_mean": all(s.entropy_token_mean for s in summaries),
         "seeds": [s.run.seed for s in summaries],
         "steps_trained": [s.steps_trained for s in summaries],
         "stats": stats,
@@ -146,13 +162,14 @@ def summarize_group(name: str, runs: list[RunData]) -> dict:
 
 
 ENTROPY_NOTE = (
-    f"\n†: `{ENTROPY}` aggregated with this run's `loss_agg_mode` (not {TOKEN_MEAN}), as verl logs it: not the "
-    "mean entropy of a response token, so not comparable with the other rows' entropy.\n"
+    f"\n†: `{ENTROPY}` aggregated with this run's `loss_agg_mode` (not {TOKEN_MEAN}), as verl logs it, from runs "
+    f"without `{ENTROPY_TOKEN_MEAN}`: not the mean entropy of a response token, so not comparable with the other "
+    "rows' entropy.\n"
 )
 
 
 def entropy_is_token_mean(group: dict) -> bool:
-    return all(mode in ("None", TOKEN_MEAN) for mode in group.get("entropy_agg", ["None"]))
+    return group.get("entropy_token_mean", True)
 
 
 def _cell(stat: dict, digits: int) -> str:

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.runs.folder import RunData, group_runs, load_run, read_run_metrics
 from stapo.runs.stats import mean_se
 from stapo.validation import did_you_mean
@@ -35,7 +36,8 @@ FIGURES: dict[str, tuple[Panel, ...]] = {
         Panel("training accuracy", ("reward/acc/mean",), "accuracy"),
         Panel("held-out accuracy (validation)", ("val/average/acc",), "accuracy"),
     ),
-    "entropy": (Panel("policy entropy (mean over response tokens)", ("actor/entropy",), "nats"),),
+    # the driver's token mean first: actor/entropy is aggregated with the run's loss_agg_mode
+    "entropy": (Panel("policy entropy (mean over response tokens)", (ENTROPY_TOKEN_MEAN, "actor/entropy"), "nats"),),
     "mask": (
         Panel("STAPO mask ratio (silenced / response tokens)", ("actor/stapo/mask_ratio",), "ratio"),
         Panel("silenced tokens' share of the gradient bound (positive tokens)",

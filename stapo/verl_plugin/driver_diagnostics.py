@@ -1,5 +1,6 @@
 """The driver's part of a STAPO step: the reward's extra metrics and, on the steps that write them,
-the diagnostics that need the whole batch. One TransferQueue ``kv_batch_get``, nothing put back.
+the diagnostics that need the whole batch (and, with them, the mean entropy of a response token,
+``ENTROPY_TOKEN_MEAN``). One TransferQueue ``kv_batch_get``, nothing put back.
 
 The mask itself is folded inside the actor workers, on each DP rank's shard (``shard_mask``), so a
 step without diagnostics fetches only the reward's ``extra_fields`` (for ``reward/<key>/mean``). On
@@ -26,6 +27,7 @@ from tensordict import TensorDict
 from torch.nn.utils.rnn import pad_sequence
 
 from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask
+from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
 from stapo.token_sample import spread_positions
 from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
@@ -135,6 +137,8 @@ class DriverDiagnostics:
         response_mask = flat["response_mask"].bool()
         log_prob, entropy = flat["old_log_probs"].float(), flat["entropy"].float()
         advantages = flat["advantages"].float()
+        if response_mask.any():
+            result.metrics[ENTROPY_TOKEN_MEAN] = float(entropy[response_mask].double().mean())
         clock.lap("flatten")
         silenced = torch.zeros_like(response_mask)
         if plan.needs_mask and self.settings.folded:

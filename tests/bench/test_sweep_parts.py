@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.runs.compare import mean_se, summarize_group, summarize_run, write_comparison
 from stapo.runs.folder import group_runs, load_run, name_and_seed
 from stapo.runs.plot import group_series, plot_groups
@@ -216,6 +217,34 @@ def test_entropy_not_aggregated_as_a_token_mean_is_flagged(tmp_path):
     assert "| drgrpo | 1 | 0.000 | 0.000 | - | 0.000 † |" in table
     assert "| grpo | 1 | 0.000 | 0.000 | - | 0.000 |" in table
     assert table.count("†: `actor/entropy` aggregated with this run's `loss_agg_mode`") == 2
+
+
+def test_the_token_mean_entropy_is_read_first_whatever_the_loss_agg_mode(tmp_path):
+    """A run that logged the driver's mean entropy of a response token is compared on it (Dr.GRPO's included:
+    no mark); its actor/entropy, aggregated with the run's loss_agg_mode, is not read."""
+    runs = []
+    for name, mode, token_mean in (("justrl", "token-mean", 0.12), ("drgrpo", "seq-mean-token-sum-norm", 0.11)):
+        steps = {1: {"actor/entropy": 0.05, ENTROPY_TOKEN_MEAN: token_mean, "val/average/acc": 0.5},
+                 2: {"actor/entropy": 0.04, ENTROPY_TOKEN_MEAN: token_mean - 0.01}}
+        run_dir = write_metrics(tmp_path / f"{name}-seed1", steps, record={"cell": name, "seed": 1})
+        (run_dir / "config.yaml").write_text(f"actor_rollout_ref:\n  actor:\n    loss_agg_mode: {mode}\n")
+        runs.append(load_run(run_dir))
+    document = write_comparison(group_runs(runs), tmp_path / "out", baseline="justrl")
+    groups = {g["group"]: g for g in document["groups"]}
+    assert groups["drgrpo"]["entropy_token_mean"] and groups["drgrpo"]["stats"]["entropy_last"]["mean"] == 0.1
+    assert groups["drgrpo"]["runs"][0]["entropy_trajectory"] == {"1": 0.11, "2": 0.1}
+    assert document["paired"]["groups"][0]["diff"]["entropy_last"]["mean"] == pytest.approx(-0.01)
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert "| drgrpo | 1 | 0 | 0.500 | 0.500 | - | 0.110 -> 0.100 |" in table and "†" not in table
+    # a seed of the group without the token mean (a run from before it was logged): the group reads
+    # actor/entropy for every seed, marked, rather than mixing two aggregations
+    old = write_metrics(tmp_path / "drgrpo-seed2", {1: {"actor/entropy": 0.07}}, record={"cell": "drgrpo", "seed": 2})
+    (old / "config.yaml").write_text((tmp_path / "drgrpo-seed1" / "config.yaml").read_text())
+    mixed = write_comparison(group_runs(runs + [load_run(old)]), tmp_path / "mixed", baseline="justrl")
+    drgrpo = next(g for g in mixed["groups"] if g["group"] == "drgrpo")
+    assert not drgrpo["entropy_token_mean"]
+    assert [r["entropy_trajectory"] for r in drgrpo["runs"]] == [{"1": 0.05, "2": 0.04}, {"1": 0.07}]
+    assert "0.060 ± 0.010 -> 0.055 ± 0.015 †" in (tmp_path / "mixed" / "comparison.md").read_text()
 
 
 def test_the_logged_threshold_grid_over_seeds(tmp_path):

@@ -68,6 +68,9 @@ def test_stapo_trains_and_checkpoints(stapo_run):
         assert metrics[f"{cell}/num_candidates"] == metrics["actor/stapo/num_candidates"]
         assert metrics[f"{cell}/mask_ratio"] == metrics["actor/stapo/mask_ratio"]
         assert "actor/stapo/ablation/neg/tau_p=0.01,q=1/num_candidates" in metrics
+        # STAPO aggregates token-mean, so verl's own actor/entropy (its aggregate of the same old-pass
+        # entropies) is the driver's mean of a response token's entropy, up to the order of summation
+        assert metrics["actor/stapo/entropy_token_mean"] == pytest.approx(metrics["actor/entropy"], rel=1e-5)
     samples = [json.loads(line) for line in (run_dir / "token_samples.jsonl").read_text().splitlines()]
     assert {r["step"] for r in samples} == set(steps) and all(0 < r["prob"] <= 1 for r in samples)
     assert any(m["actor/grad_norm"] > 0 for m in stapo_metrics)

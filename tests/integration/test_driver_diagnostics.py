@@ -21,6 +21,7 @@ from tensordict import NonTensorStack, TensorDict
 from benchmarks.tq_roundtrip import PARTITION, driver_diagnostics, quiet, transfer_queue
 from stapo.ablation import threshold_grid
 from stapo.masks import MaskInputs, build_token_mask
+from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.token_sample import token_sample
 from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
 from tests.integration.verl_batches import response_rows
@@ -48,6 +49,12 @@ def _reference(batch, settings, diagnostics, log: SpuriousTokenLog, tokenizer):
     built = build_token_mask(MaskInputs(mask.bool(), advantages, log_prob, entropy), settings)
     grid = threshold_grid(log_prob, entropy, advantages, mask, diagnostics.tau_ps, diagnostics.qs)
     metrics = {"actor/stapo/ablation/" + k: v for k, v in grid.items()}
+    # the mean entropy of a response token, summed token by token in float64 over the unpadded rows
+    total, count = 0.0, 0
+    for row_entropy, row_mask in zip(batch["entropy"], batch["response_mask"], strict=True):
+        for value, kept in zip(row_entropy.tolist(), row_mask.tolist(), strict=True):
+            total, count = (total + value, count + 1) if kept else (total, count)
+    metrics[ENTROPY_TOKEN_MEAN] = total / count
     padded = {"old_log_probs": log_prob, "entropy": entropy, "response_mask": mask}
     write_padded_log(log, 1, _padded(batch["responses"], tokenizer.pad_token_id), built.drop_response, padded,
                      tokenizer)
@@ -93,6 +100,7 @@ def test_round_trip_equals_the_padded_reference(tmp_path, monkeypatch):
     assert result.metrics["reward/acc/mean"] == pytest.approx(16 / 48)
     got = {k: v for k, v in result.metrics.items() if not k.startswith("reward/")}
     assert got.keys() == expected.keys()
+    assert got.pop(ENTROPY_TOKEN_MEAN) == pytest.approx(expected.pop(ENTROPY_TOKEN_MEAN), rel=1e-12, abs=0)
     for key, value in expected.items():
         assert got[key] == value or (math.isnan(got[key]) and math.isnan(value)), (key, got[key], value)
     flat_log = (tmp_path / "flat" / "spurious_tokens.jsonl").read_text()
