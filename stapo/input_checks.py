@@ -37,7 +37,54 @@ def check_inputs(config) -> list[str]:
         files = OmegaConf.select(config, key, default=None)
         for path in [files] if isinstance(files, str) else list(files or []):
             notes.append(check_data_file(key, str(path), columns, generated))
+    notes.append(check_steps_fit_the_epochs(config, generated))
     return notes
+
+
+def train_rows(config, generated: set[Path]) -> int | None:
+    """The rows of ``data.train_files`` before verl's length filter (capped by ``data.train_max_samples``):
+    the recipe's count for generated files, the parquet footers otherwise; None when a file's count is
+    not known here (remote, json)."""
+    files = OmegaConf.select(config, "data.train_files", default=None)
+    rows = 0
+    for path in [files] if isinstance(files, str) else list(files or []):
+        file = Path(str(path)).expanduser()
+        if "://" not in str(path) and file.resolve() in generated:
+            rows += int(OmegaConf.select(config, "stapo.synthetic_train_rows"))
+        elif "://" not in str(path) and file.suffix == ".parquet" and file.is_file():
+            import pyarrow.parquet as pq
+
+            rows += pq.ParquetFile(file).metadata.num_rows
+        else:
+            return None
+    cap = OmegaConf.select(config, "data.train_max_samples", default=-1)
+    return min(rows, int(cap)) if cap is not None and int(cap) > 0 else rows
+
+
+def check_steps_fit_the_epochs(config, generated: set[Path]) -> str:
+    """verl trains ``trainer.total_training_steps`` but stops at the end of its last epoch
+    (``trainer.total_epochs`` passes over ``rows // data.train_batch_size`` batches), with its progress bar
+    and learning-rate schedule sized for the steps asked: a run asking more steps than the epochs hold
+    ends early, as a success. Refused here, with the epochs that would hold them."""
+    steps = OmegaConf.select(config, "trainer.total_training_steps", default=None)
+    rows = train_rows(config, generated)
+    if steps is None or rows is None:
+        return "steps: trainer.total_epochs decides" if steps is None else "steps: not checked against the data"
+    batch = int(OmegaConf.select(config, "data.train_batch_size"))
+    epochs = int(OmegaConf.select(config, "trainer.total_epochs", default=1))
+    per_epoch = rows // batch
+    if per_epoch == 0:
+        raise STAPOConfigError(
+            f"data.train_files hold {rows} rows, fewer than one batch of data.train_batch_size={batch}: verl trains "
+            "no step"
+        )
+    if int(steps) > per_epoch * epochs:
+        raise STAPOConfigError(
+            f"trainer.total_training_steps={steps} is more than trainer.total_epochs={epochs} hold: {rows} training "
+            f"rows make {per_epoch} steps of data.train_batch_size={batch} an epoch, and verl stops after the last "
+            f"epoch; set trainer.total_epochs={-(-int(steps) // per_epoch)} or fewer steps"
+        )
+    return f"steps: {steps}, {per_epoch} an epoch of {rows} training rows, at most {epochs} epoch(s)"
 
 
 def check_model_path(path, key: str = MODEL_KEY) -> str:

@@ -96,7 +96,61 @@ def test_the_recipe_config_is_checked_whole_and_generated_data_is_not_required(t
     assert refusal(f"{MODEL}=/nonexistent").startswith(f"{MODEL}=/nonexistent: no such folder")
     assert "did you mean 'arithmetic'" in refusal("stapo.synthetic_task=arithmetc")
     check_run(compose_run(["model_preset=tiny", "stapo.synthetic_data_dir=null", f"data.train_files={parquet}",
-                           f"data.val_files=[{parquet}]"]))
+                           f"data.val_files=[{parquet}]", "trainer.total_training_steps=2"]))
+
+
+def _steps_verl_trains(rows: int, batch: int, epochs: int, steps: int) -> int:
+    """verl 0.9.1's fit loop, counted: epochs of ``rows // batch`` batches (drop_last), until ``steps``."""
+    done = 0
+    for _ in range(epochs):
+        for _ in range(rows // batch):
+            if done == steps:
+                return done
+            done += 1
+    return done
+
+
+@pytest.mark.parametrize("rows, batch, epochs, steps, cap", [
+    (8, 4, 1, 2, None), (8, 4, 1, 3, None), (8, 4, 2, 3, None), (9, 4, 1, 2, None), (8, 4, 3, 4, 4),
+    (8, 4, 2, 3, 4), (3, 4, 5, 1, None),
+])
+def test_a_run_asking_more_steps_than_its_epochs_hold_is_refused(tmp_path, rows, batch, epochs, steps, cap):
+    """verl stops after trainer.total_epochs and reports success: a run that would end before its
+    trainer.total_training_steps is refused with the epochs that hold them, exactly when it would end early."""
+    problems = [rl_row("t", f"{i} + 1 = ?", str(i + 1), {"index": i}) for i in range(rows)]
+    train = write_rows(tmp_path / "train.parquet", problems)
+    overrides = ["model_preset=tiny", "stapo.synthetic_data_dir=null", f"data.train_files={train}",
+                 f"data.val_files=[{train}]", f"data.train_batch_size={batch}", f"trainer.total_epochs={epochs}",
+                 f"trainer.total_training_steps={steps}", "actor_rollout_ref.actor.ppo_mini_batch_size=1"]
+    overrides += [] if cap is None else [f"data.train_max_samples={cap}"]
+    used = rows if cap is None else min(rows, cap)
+    if _steps_verl_trains(used, batch, epochs, steps) == steps:
+        assert check_inputs(compose_run(overrides))[-1].startswith(f"steps: {steps}, {used // batch} an epoch")
+        return
+    with pytest.raises(STAPOConfigError) as error:
+        check_inputs(compose_run(overrides))
+    message = str(error.value)
+    if used < batch:
+        assert message == (f"data.train_files hold {used} rows, fewer than one batch of data.train_batch_size="
+                           f"{batch}: verl trains no step")
+        return
+    assert message.startswith(f"trainer.total_training_steps={steps} is more than trainer.total_epochs={epochs} hold")
+    advised = int(message.split("set trainer.total_epochs=")[1].split()[0])
+    fewer = _steps_verl_trains(used, batch, advised - 1, steps)
+    assert _steps_verl_trains(used, batch, advised, steps) == steps > fewer
+
+
+def test_the_testbed_trains_a_long_horizon_and_generated_data_is_counted(tmp_path):
+    """The testbed's 2048 generated problems make 256 steps an epoch; its preset lets the step count decide."""
+    notes = check_inputs(compose_run(["model_preset=testbed", f"stapo.synthetic_data_dir={tmp_path}",
+                                      "trainer.total_training_steps=300"]))
+    assert notes[-1] == "steps: 300, 256 an epoch of 2048 training rows, at most 100 epoch(s)"
+    assert "set trainer.total_epochs=2 or fewer steps" in refusal(
+        "model_preset=testbed", f"stapo.synthetic_data_dir={tmp_path}", "trainer.total_training_steps=300",
+        "trainer.total_epochs=1")
+    remote = check_inputs(compose_run(["model_preset=tiny", "stapo.synthetic_data_dir=null",
+                                       "data.train_files=hdfs://cluster/train.parquet", "data.val_files=[]"]))
+    assert remote[-1] == "steps: not checked against the data"
 
 
 @pytest.mark.parametrize(
