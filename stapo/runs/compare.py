@@ -254,7 +254,7 @@ def paired_table(differences: list[dict], baseline: str) -> str:
         seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
         rows.append(
             f"| {group['group']} | {seeds} | {_cell(d['final_acc'], 3)} | {_cell(d['best_acc'], 3)} "
-            f"| {_cell(d['late_reward'], 3)} | {_cell(d['entropy_last'], 3)}"
+            f"| {_cell(d['late_reward'], 3)} | {_cell(d['entropy_last'], 4)}"
             f"{'' if group.get('entropy_token_mean', True) else NOT_TOKEN_MEAN} | {_cell(d['wall_s'], 0)} |"
         )
     if not all(group.get("entropy_token_mean", True) for group in differences):

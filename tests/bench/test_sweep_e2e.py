@@ -78,7 +78,9 @@ def test_sweep_two_algorithms_two_seeds(tmp_path):
         metrics = [read_metrics(d) for d in run_dirs]
         final = [m[2]["val/average/acc"] for m in metrics]
         best = [max(s["val/average/acc"] for s in m.values() if "val/average/acc" in s) for m in metrics]
-        entropy_last = [m[2]["actor/entropy"] for m in metrics]
+        # the driver's mean entropy of a response token, which the comparison reads before actor/entropy
+        entropy_last = [m[2]["actor/stapo/entropy_token_mean"] for m in metrics]
+        assert entropy_last == pytest.approx([m[2]["actor/entropy"] for m in metrics], rel=1e-5)  # token-mean runs
         stats = group["stats"]
         assert stats["final_acc"]["mean"] == pytest.approx(np.mean(final))
         assert stats["final_acc"]["se"] == pytest.approx(stderr(final), abs=1e-12)

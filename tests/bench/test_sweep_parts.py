@@ -214,8 +214,8 @@ def test_entropy_not_aggregated_as_a_token_mean_is_flagged(tmp_path):
     table = (tmp_path / "out" / "comparison.md").read_text()
     assert "| drgrpo | 1 | 0 | 0.500 | 0.500 | - | 0.100 -> 0.100 † |" in table
     assert "| justrl | 1 | 0 | 0.500 | 0.500 | - | 0.100 -> 0.100 |" in table
-    assert "| drgrpo | 1 | 0.000 | 0.000 | - | 0.000 † |" in table
-    assert "| grpo | 1 | 0.000 | 0.000 | - | 0.000 |" in table
+    assert "| drgrpo | 1 | 0.000 | 0.000 | - | 0.0000 † |" in table
+    assert "| grpo | 1 | 0.000 | 0.000 | - | 0.0000 |" in table
     assert table.count("†: `actor/entropy` aggregated with this run's `loss_agg_mode`") == 2
 
 
