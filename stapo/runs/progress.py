@@ -10,6 +10,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from stapo.rundir import ENTROPY_TOKEN_MEAN
+
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 _METRIC = re.compile(r"(\S+):(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)")
 
@@ -58,11 +60,13 @@ class Progress:
             self.step_seconds.append(metrics["timing_s/step"])
         per_step = sum(self.step_seconds) / len(self.step_seconds) if self.step_seconds else 0.0
         remaining = max(0, self.total_steps - step) * per_step
+        # the mean entropy of a response token where logged (verl's actor/entropy follows loss_agg_mode)
+        entropy_key = ENTROPY_TOKEN_MEAN if ENTROPY_TOKEN_MEAN in metrics else "actor/entropy"
         parts = [
             f"[{self.label}] step {step}/{self.total_steps}",
             f"reward {_value(metrics, 'critic/score/mean', '+.3f')}",
             f"acc {_value(metrics, 'reward/acc/mean', '.3f')}",
-            f"entropy {_value(metrics, 'actor/entropy', '.3f')}",
+            f"entropy {_value(metrics, entropy_key, '.3f')}",
             f"mask {_value(metrics, 'actor/stapo/mask_ratio', '.4f')}",
             f"tau_h {_value(metrics, 'actor/stapo/tau_h', '.3f')}",
             f"{per_step:.0f} s/step",

@@ -86,6 +86,9 @@ def test_console_lines_parse_and_progress_has_eta():
     assert "acc -" in text  # absent metrics show a dash, never a crash
     assert "ETA 2m00s" in progress.line(4, {"timing_s/step": 30.0})  # mean of 10 and 30 s, 6 steps left
     assert format_duration(59.6) == "1m00s" and format_duration(-3) == "0s"
+    # the mean entropy of a response token when logged, verl's actor/entropy otherwise
+    assert "entropy 0.090" in progress.line(5, {"actor/entropy": 0.09})
+    assert "entropy 0.120" in progress.line(5, {"actor/entropy": 0.09, "actor/stapo/entropy_token_mean": 0.12})
 
 
 def _png_size(path):
