@@ -74,6 +74,7 @@ class RunSummary:
     values: dict[str, float | None]
     entropy: dict[int, float]
     entropy_token_mean: bool  # the entropy series is the mean entropy of a response token
+    entropy_agg: str  # the run's loss_agg_mode ("None": no config.yaml beside the metrics)
 
     def to_json(self) -> dict:
         return {
@@ -114,8 +115,9 @@ def summarize_run(run: RunData, late_steps: int = LATE_STEPS, token_mean_entropy
     group reads one source for all its runs: ``summarize_group``)."""
     acc = accuracy_series(run.steps)
     entropy = key_series(run.steps, ENTROPY_TOKEN_MEAN) if token_mean_entropy else {}
+    agg = str(config_value(run.path, AGG_MODE))
     # None: no config.yaml beside the metrics (then taken as token-mean)
-    token_mean = bool(entropy) or str(config_value(run.path, AGG_MODE)) in ("None", TOKEN_MEAN)
+    token_mean = bool(entropy) or agg in ("None", TOKEN_MEAN)
     entropy = entropy or key_series(run.steps, ENTROPY)
     reward = next((s for key in REWARD if (s := key_series(run.steps, key))), {})
     timing = key_series(run.steps, STEP_TIME)
@@ -131,7 +133,7 @@ def summarize_run(run: RunData, late_steps: int = LATE_STEPS, token_mean_entropy
         # the sweep's own clock (start-up included) where it ran the run, else the logged step times
         "wall_s": float(wall) if wall is not None else (math.fsum(timing.values()) if timing else None),
     }
-    return RunSummary(run, values, entropy, token_mean)
+    return RunSummary(run, values, entropy, token_mean, agg)
 
 
 def summarize_group(name: str, runs: list[RunData]) -> dict:
@@ -151,7 +153,7 @@ def summarize_group(name: str, runs: list[RunData]) -> dict:
             trajectory[key].append(value)
     return {
         "group": name,
-        "entropy_agg": sorted({str(config_value(s.run.path, AGG_MODE)) for s in summaries}),
+        "entropy_agg": sorted({s.entropy_agg for s in summaries}),
         "entropy_token_mean": all(s.entropy_token_mean for s in summaries),
         "seeds": [s.run.seed for s in summaries],
         "steps_trained": [s.steps_trained for s in summaries],
@@ -255,9 +257,9 @@ def paired_table(differences: list[dict], baseline: str) -> str:
         rows.append(
             f"| {group['group']} | {seeds} | {_cell(d['final_acc'], 3)} | {_cell(d['best_acc'], 3)} "
             f"| {_cell(d['late_reward'], 3)} | {_cell(d['entropy_last'], 4)}"
-            f"{'' if group.get('entropy_token_mean', True) else NOT_TOKEN_MEAN} | {_cell(d['wall_s'], 0)} |"
+            f"{'' if entropy_is_token_mean(group) else NOT_TOKEN_MEAN} | {_cell(d['wall_s'], 0)} |"
         )
-    if not all(group.get("entropy_token_mean", True) for group in differences):
+    if not all(entropy_is_token_mean(group) for group in differences):
         rows.append(ENTROPY_NOTE)
     return "\n".join(rows) + "\n"
 
