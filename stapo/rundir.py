@@ -32,6 +32,9 @@ WANDB_NAME = "wandb"  # wandb makes this folder itself under the directory it is
 # of the batch (the driver logs it, stapo.verl_plugin.driver_diagnostics). verl's actor/entropy is
 # aggregated with the actor's loss_agg_mode, so under Dr.GRPO's or GSPO's it is not this mean
 ENTROPY_TOKEN_MEAN = "actor/stapo/entropy_token_mean"
+VERL_ENTROPY = "actor/entropy"
+# where both are logged, the readers (progress line, plots) show the first
+ENTROPY_KEYS = (ENTROPY_TOKEN_MEAN, VERL_ENTROPY)
 _SEGMENT = re.compile(r"metrics\.prev-(\d+)\.jsonl$")
 
 

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.eval.val_metrics import benchmark_val_metrics
-from stapo.rundir import ENTROPY_TOKEN_MEAN
+from stapo.rundir import ENTROPY_TOKEN_MEAN, VERL_ENTROPY
 from stapo.runs.folder import RunData, config_value
 from stapo.runs.stats import mean_se
 from stapo.runs.threshold_table import threshold_table
 
 ACC = "val/average/acc"
-ENTROPY = "actor/entropy"
+ENTROPY = VERL_ENTROPY
 # verl aggregates actor/entropy over tokens with the actor's loss_agg_mode: only "token-mean" is the mean
 # entropy of a response token (Dr.GRPO's seq-mean-token-sum-norm divides each sequence's sum by the
 # maximum response length, so its entropy reads lower by about mean length / maximum length). The driver

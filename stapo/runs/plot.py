@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from stapo.rundir import ENTROPY_TOKEN_MEAN
+from stapo.rundir import ENTROPY_KEYS
 from stapo.runs.folder import RunData, group_runs, load_run, read_run_metrics
 from stapo.runs.stats import mean_se
 from stapo.validation import did_you_mean
@@ -37,7 +37,7 @@ FIGURES: dict[str, tuple[Panel, ...]] = {
         Panel("held-out accuracy (validation)", ("val/average/acc",), "accuracy"),
     ),
     # the driver's token mean first: actor/entropy is aggregated with the run's loss_agg_mode
-    "entropy": (Panel("policy entropy (mean over response tokens)", (ENTROPY_TOKEN_MEAN, "actor/entropy"), "nats"),),
+    "entropy": (Panel("policy entropy (mean over response tokens)", ENTROPY_KEYS, "nats"),),
     "mask": (
         Panel("STAPO mask ratio (silenced / response tokens)", ("actor/stapo/mask_ratio",), "ratio"),
         Panel("silenced tokens' share of the gradient bound (positive tokens)",

@@ -10,7 +10,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from stapo.rundir import ENTROPY_TOKEN_MEAN
+from stapo.rundir import ENTROPY_KEYS
 
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 _METRIC = re.compile(r"(\S+):(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)")
@@ -61,7 +61,7 @@ class Progress:
         per_step = sum(self.step_seconds) / len(self.step_seconds) if self.step_seconds else 0.0
         remaining = max(0, self.total_steps - step) * per_step
         # the mean entropy of a response token where logged (verl's actor/entropy follows loss_agg_mode)
-        entropy_key = ENTROPY_TOKEN_MEAN if ENTROPY_TOKEN_MEAN in metrics else "actor/entropy"
+        entropy_key = next((key for key in ENTROPY_KEYS if key in metrics), ENTROPY_KEYS[-1])
         parts = [
             f"[{self.label}] step {step}/{self.total_steps}",
             f"reward {_value(metrics, 'critic/score/mean', '+.3f')}",
