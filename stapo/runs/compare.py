@@ -1,12 +1,18 @@
-"""The comparison a sweep writes: per group of runs (one grid cell, several seeds), mean +- standard error.
+"""The comparison a sweep writes: per group of runs (one grid cell, several seeds), mean ± standard error,
+then every group paired seed by seed with a baseline.
 
-Per run: final and best held-out accuracy, the training reward of the last ``LATE_STEPS`` steps (one
-step's reward is a few prompts' luck), the entropy trajectory, the mean mask ratio against the share of
-the policy-gradient bound the masked tokens carry, pooled over the run's steps (docs/algorithm.md
-section 5), and the wall time. Per group: the mean over seeds and its standard error (sample standard
-deviation with ddof=1 over sqrt(n); undefined, written ``-`` / null, for a single seed). Groups are
-compared on the same quantities; the entropy trajectory is averaged step by step over the seeds that
-logged that step. Pure Python on the run folders' metrics (no verl, no torch).
+Like with like, or nothing:
+- every run is compared at one step (``comparison_step``): the configured last step, with the runs short
+  of it (crashed, interrupted, still running) left out and listed; or, when asked for
+  (``at_shared_step``), every run at the last step they all reached;
+- held-out accuracy is read at the validation steps every compared run shares, step 0 (the untrained
+  model) reported on its own and never counted as a "best";
+- a group holding two runs of one seed is refused, naming both folders: pairing by seed would set one
+  baseline run against both.
+
+Per group: the mean over seeds and its standard error (sample standard deviation with ddof=1 over
+sqrt(n); undefined, written ``-`` / null, for a single seed). The entropy trajectory is averaged step
+by step over the seeds that logged that step.
 
 Runs of one seed share their data order and sampler seeds (docs/reproducibility.md), so two groups are
 also compared *paired*: per seed the difference of a quantity to the baseline group, then its mean and
@@ -14,133 +20,109 @@ standard error over the seeds both ran. Common random numbers cancel the seed's 
 came first, which samples were drawn), so the paired standard error is the one that says whether a
 difference is there; the unpaired ones of the first table overstate the uncertainty of a difference.
 
-Then, for a sweep over two axes, the ablation layout (``grid_tables``), and for each group that trains
-with the S2T mask, the logged threshold grid: what other (tau_p, q) would have silenced
-(stapo/runs/threshold_table.py).
+The per-run values: ``stapo.runs.summary``; the markdown: ``stapo.runs.tables``; the logged threshold
+grid of the groups that train with the S2T mask: ``stapo.runs.threshold_table``. Pure Python on the run
+folders' metrics (no verl, no torch).
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stapo.eval.val_metrics import benchmark_val_metrics
-from stapo.rundir import ENTROPY_TOKEN_MEAN, VERL_ENTROPY
-from stapo.runs.folder import RunData, config_value
+from stapo.runs.folder import RunData
 from stapo.runs.stats import mean_se
+from stapo.runs.summary import (
+    QUANTITIES,
+    accuracy_series,
+    configured_steps,
+    last_step,
+    logged_token_mean_entropy,
+    ran_to_the_end,
+    summarize_run,
+)
+from stapo.runs.tables import GridAxis, entropy_is_token_mean, grid_tables, markdown_table, paired_table, step_line
 from stapo.runs.threshold_table import threshold_table
 
-ACC = "val/average/acc"
-ENTROPY = VERL_ENTROPY
-# verl aggregates actor/entropy over tokens with the actor's loss_agg_mode: only "token-mean" is the mean
-# entropy of a response token (Dr.GRPO's seq-mean-token-sum-norm divides each sequence's sum by the
-# maximum response length, so its entropy reads lower by about mean length / maximum length). The driver
-# logs that mean for every mode (ENTROPY_TOKEN_MEAN): read first, actor/entropy for runs without it
-AGG_MODE = "actor_rollout_ref.actor.loss_agg_mode"
-TOKEN_MEAN = "token-mean"
-NOT_TOKEN_MEAN = " †"
-MASK = "actor/stapo/mask_ratio"
-# the spurious tokens' and all positive-advantage tokens' summed gradient-norm bounds, per step
-GRAD_BOUND = ("actor/stapo/grad_bound_spurious", "actor/stapo/grad_bound_positive")
-REWARD = ("critic/score/mean", "critic/rewards/mean")
-STEP_TIME = "timing_s/step"
-LATE_STEPS = 10
-QUANTITIES = (
-    "final_acc", "best_acc", "late_reward", "entropy_first", "entropy_last", "mask_ratio", "grad_share", "wall_s"
-)
+__all__ = ["ComparisonError", "comparison_step", "mean_se", "paired_differences", "summarize_group",
+           "summarize_run", "write_comparison"]
+
 PAIRED = ("final_acc", "best_acc", "late_reward", "entropy_last", "wall_s")
 
 
-def accuracy_series(steps: dict[int, dict[str, float]]) -> dict[int, float]:
-    """Held-out accuracy per validated step: ``val/average/acc``, else derived from ``val-core/...`` keys."""
-    out = {}
-    for step, metrics in steps.items():
-        if ACC in metrics:
-            out[step] = metrics[ACC]
-        elif (derived := benchmark_val_metrics(metrics).get(ACC)) is not None:
-            out[step] = derived
-    return out
-
-
-def key_series(steps: dict[int, dict[str, float]], key: str) -> dict[int, float]:
-    return {step: metrics[key] for step, metrics in steps.items() if key in metrics}
+class ComparisonError(ValueError):
+    """A comparison that would print a wrong number: refused with one line saying why."""
 
 
 @dataclass
-class RunSummary:
-    run: RunData
-    values: dict[str, float | None]
-    entropy: dict[int, float]
-    entropy_token_mean: bool  # the entropy series is the mean entropy of a response token
-    entropy_agg: str  # the run's loss_agg_mode ("None": no config.yaml beside the metrics)
+class Selection:
+    """Which runs are compared, at which step."""
 
-    def to_json(self) -> dict:
-        return {
-            "run_dir": str(self.run.path),
-            "seed": self.run.seed,
-            "steps_trained": self.steps_trained,
-            **self.values,
-            "entropy_trajectory": {str(k): v for k, v in self.entropy.items()},
-            "entropy_token_mean": self.entropy_token_mean,
-        }
-
-    @property
-    def steps_trained(self) -> int:
-        return sum(1 for metrics in self.run.steps.values() if STEP_TIME in metrics)
+    at: int
+    groups: dict[str, list[RunData]]  # the compared runs (every value read at ``at``)
+    unfinished: list[tuple[str, RunData]]  # (group, run) left out: short of ``at``
+    at_shared_step: bool
 
 
-def step_mean(series: dict[int, float], last: int | None = None) -> float | None:
-    """Mean of a per-step series, over its ``last`` steps when given; None when empty."""
-    values = [series[step] for step in sorted(series)[-last if last else 0:]]
-    return math.fsum(values) / len(values) if values else None
+def refuse_duplicate_seeds(groups: dict[str, list[RunData]]) -> None:
+    for name, runs in groups.items():
+        seen: dict[int, RunData] = {}
+        for run in runs:
+            if run.seed is None:
+                continue
+            if run.seed in seen:
+                raise ComparisonError(
+                    f"group {name!r} holds two runs of seed {run.seed}: {seen[run.seed].path} and {run.path}; a paired "
+                    "comparison needs one run per seed and group (compare them as separate groups, or leave one out)"
+                )
+            seen[run.seed] = run
 
 
-def pooled_share(steps: dict[int, dict[str, float]], part: str, whole: str) -> float | None:
-    """``sum(part) / sum(whole)`` over the steps that logged both: the run's share, each step weighted by
-    its own total (a mean of per-step ratios would give a step with one positive token the weight of
-    a step with thousands). None when nothing was logged or the total is 0."""
-    pairs = [(metrics[part], metrics[whole]) for metrics in steps.values() if part in metrics and whole in metrics]
-    total = math.fsum(w for _, w in pairs)
-    return math.fsum(p for p, _ in pairs) / total if pairs and total > 0 else None
+def truncated(run: RunData, at: int) -> RunData:
+    return replace(run, steps={step: metrics for step, metrics in run.steps.items() if step <= at})
 
 
-def logged_token_mean_entropy(run: RunData) -> bool:
-    return any(ENTROPY_TOKEN_MEAN in metrics for metrics in run.steps.values())
+def comparison_step(groups: dict[str, list[RunData]], at_shared_step: bool = False) -> Selection:
+    """The one step every compared run is read at: the largest configured ``trainer.total_training_steps``
+    (runs without a config: the largest last step) with the runs short of it left out; or, with
+    ``at_shared_step``, the last step every run reached, all runs kept."""
+    runs = [run for members in groups.values() for run in members]
+    if not runs:
+        raise ComparisonError("no run to compare")
+    if at_shared_step:
+        at = min(last_step(run) for run in runs)
+    else:
+        configured = [steps for run in runs if (steps := configured_steps(run)) is not None]
+        at = max(configured) if configured else max(last_step(run) for run in runs)
+    kept = {name: [run for run in members if last_step(run) >= at] for name, members in groups.items()}
+    unfinished = [(name, run) for name, members in groups.items() for run in members if last_step(run) < at]
+    return Selection(at, {name: members for name, members in kept.items() if members}, unfinished, at_shared_step)
 
 
-def summarize_run(run: RunData, late_steps: int = LATE_STEPS, token_mean_entropy: bool = True) -> RunSummary:
-    """``token_mean_entropy``: read the entropy from ``ENTROPY_TOKEN_MEAN`` where the run logged it (a
-    group reads one source for all its runs: ``summarize_group``)."""
-    acc = accuracy_series(run.steps)
-    entropy = key_series(run.steps, ENTROPY_TOKEN_MEAN) if token_mean_entropy else {}
-    agg = str(config_value(run.path, AGG_MODE))
-    # None: no config.yaml beside the metrics (then taken as token-mean)
-    token_mean = bool(entropy) or agg in ("None", TOKEN_MEAN)
-    entropy = entropy or key_series(run.steps, ENTROPY)
-    reward = next((s for key in REWARD if (s := key_series(run.steps, key))), {})
-    timing = key_series(run.steps, STEP_TIME)
-    wall = run.record.get("seconds")
-    values = {
-        "final_acc": acc[max(acc)] if acc else None,
-        "best_acc": max(acc.values()) if acc else None,
-        "late_reward": step_mean(reward, late_steps),
-        "entropy_first": entropy[min(entropy)] if entropy else None,
-        "entropy_last": entropy[max(entropy)] if entropy else None,
-        "mask_ratio": step_mean(key_series(run.steps, MASK)),
-        "grad_share": pooled_share(run.steps, *GRAD_BOUND),
-        # the sweep's own clock (start-up included) where it ran the run, else the logged step times
-        "wall_s": float(wall) if wall is not None else (math.fsum(timing.values()) if timing else None),
-    }
-    return RunSummary(run, values, entropy, token_mean, agg)
+def held_out_steps(groups: dict[str, list[RunData]], at: int) -> list[int]:
+    """The validation steps up to ``at`` every compared run that validated logged a held-out accuracy at (a run
+    that never validated, ``trainer.test_freq=-1``, has no held-out column rather than taking it from the others)."""
+    per_run = [
+        steps for members in groups.values() for run in members
+        if (steps := {step for step in accuracy_series(run.steps) if step <= at})
+    ]
+    return sorted(set.intersection(*per_run)) if per_run else []
 
 
-def summarize_group(name: str, runs: list[RunData]) -> dict:
+def summarize_group(
+    name: str, runs: list[RunData], at: int | None = None, acc_steps: list[int] | None = None,
+    whole_runs: bool | None = None,
+) -> dict:
+    """Mean ± SE over the group's runs of every quantity, each run read at ``at`` (default: its own last step,
+    for a group compared alone) and its held-out accuracy at ``acc_steps``; ``whole_runs``: see
+    ``stapo.runs.summary.summarize_run``."""
     # one entropy source for the whole group: runs from before the driver logged the token mean (a sweep
     # resumed across an upgrade) would otherwise mix it with actor/entropy of another aggregation
     token_mean_entropy = all(logged_token_mean_entropy(run) for run in runs)
-    summaries = [summarize_run(run, token_mean_entropy=token_mean_entropy) for run in runs]
+    summaries = [
+        summarize_run(run, at, acc_steps, token_mean_entropy=token_mean_entropy, whole_runs=whole_runs) for run in runs
+    ]
     stats = {}
     for quantity in QUANTITIES:
         mean, se, n = mean_se([s.values[quantity] for s in summaries])
@@ -163,63 +145,15 @@ def summarize_group(name: str, runs: list[RunData]) -> dict:
     }
 
 
-ENTROPY_NOTE = (
-    f"\n†: `{ENTROPY}` aggregated with this run's `loss_agg_mode` (not {TOKEN_MEAN}), as verl logs it, from runs "
-    f"without `{ENTROPY_TOKEN_MEAN}`: not the mean entropy of a response token, so not comparable with the other "
-    "rows' entropy.\n"
-)
-
-
-def entropy_is_token_mean(group: dict) -> bool:
-    return group.get("entropy_token_mean", True)
-
-
-def _cell(stat: dict, digits: int) -> str:
-    if stat["mean"] is None:
-        return "-"
-    text = f"{stat['mean']:.{digits}f}"
-    return text + (f" ± {stat['se']:.{digits}f}" if stat["se"] is not None else "")
-
-
-def markdown_table(groups: list[dict]) -> str:
-    header = (
-        f"| group | seeds | steps | final held-out acc | best held-out acc | train reward, last {LATE_STEPS} steps "
-        "| entropy first -> last | mask ratio | spurious grad share | wall time (s) |"
-    )
-    rows = [header, "|---|---|---|---|---|---|---|---|---|---|"]
-    for group in groups:
-        s = group["stats"]
-        seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
-        steps = "/".join(str(n) for n in sorted(set(group["steps_trained"])))
-        entropy = f"{_cell(s['entropy_first'], 3)} -> {_cell(s['entropy_last'], 3)}"
-        entropy += "" if entropy_is_token_mean(group) else NOT_TOKEN_MEAN
-        rows.append(
-            f"| {group['group']} | {seeds} | {steps} | {_cell(s['final_acc'], 3)} | {_cell(s['best_acc'], 3)} "
-            f"| {_cell(s['late_reward'], 3)} | {entropy} | {_cell(s['mask_ratio'], 5)} | {_cell(s['grad_share'], 4)} "
-            f"| {_cell(s['wall_s'], 0)} |"
-        )
-    note = (
-        "\nmean ± standard error over seeds (sample std / sqrt(n); no ± with one seed). Held-out accuracy: "
-        f"`{ACC}` (or derived from `val-core/*/acc/mean@n`), '-' when no validation ran. Mask ratio: "
-        f"mean over steps of `{MASK}`, the silenced share of response tokens; spurious grad share: "
-        f"`{GRAD_BOUND[0]}` summed over steps over `{GRAD_BOUND[1]}` summed over steps, the silenced tokens' "
-        "share of the positive-advantage tokens' bound on the squared logit-gradient norm (docs/algorithm.md "
-        "section 5); '-' for algorithms without the S2T mask.\n"
-    )
-    if not all(entropy_is_token_mean(group) for group in groups):
-        note += ENTROPY_NOTE
-    return "\n".join(rows) + "\n" + note
-
-
 def paired_differences(summary: list[dict], baseline: str) -> list[dict]:
     """Every other group minus ``baseline``, seed by seed: ``{group, seeds, diff: {quantity: mean/se/n}}``.
 
     Only seeds both groups ran (with a finite value of that quantity) are paired; runs without a seed
-    (found outside a sweep) are never paired.
+    (found outside a sweep) are never paired. Each group holds one run per seed (``refuse_duplicate_seeds``).
     """
     names = [group["group"] for group in summary]
     if baseline not in names:
-        raise ValueError(f"--baseline must be one of the compared groups {names}, got {baseline!r}")
+        raise ComparisonError(f"--baseline must be one of the compared groups {names}, got {baseline!r}")
     base = {run["seed"]: run for run in summary[names.index(baseline)]["runs"] if run["seed"] is not None}
     out = []
     for group in summary:
@@ -241,60 +175,59 @@ def paired_differences(summary: list[dict], baseline: str) -> list[dict]:
     return out
 
 
-def paired_table(differences: list[dict], baseline: str) -> str:
-    intro = (
-        f"\nPaired by seed: group minus `{baseline}` for the same seed, mean ± standard error over the seeds "
-        "both ran.\n"
-    )
-    header = (
-        "| group | seeds paired | Δ final held-out acc | Δ best held-out acc "
-        f"| Δ train reward, last {LATE_STEPS} steps | Δ last entropy | Δ wall time (s) |"
-    )
-    rows = [intro, header, "|---|---|---|---|---|---|---|"]
-    for group in differences:
-        d = group["diff"]
-        seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
-        rows.append(
-            f"| {group['group']} | {seeds} | {_cell(d['final_acc'], 3)} | {_cell(d['best_acc'], 3)} "
-            f"| {_cell(d['late_reward'], 3)} | {_cell(d['entropy_last'], 4)}"
-            f"{'' if entropy_is_token_mean(group) else NOT_TOKEN_MEAN} | {_cell(d['wall_s'], 0)} |"
+def build_comparison(
+    groups: dict[str, list[RunData]],
+    meta: dict | None = None,
+    baseline: str | None = None,
+    paired: bool = True,
+    grid: tuple[GridAxis, GridAxis] | None = None,
+    at_shared_step: bool = False,
+) -> tuple[dict, str]:
+    """(comparison.json's document, comparison.md's text). Raises :class:`ComparisonError` for a duplicate
+    seed, no run that reached the compared step, or a baseline with no compared run."""
+    refuse_duplicate_seeds(groups)
+    selection = comparison_step(groups, at_shared_step)
+    if not selection.groups:
+        raise ComparisonError(
+            f"no run reached step {selection.at}; the last steps are "
+            f"{sorted({last_step(run) for _, run in selection.unfinished})} (--at-shared-step compares at the last "
+            "step every run reached)"
         )
-    if not all(entropy_is_token_mean(group) for group in differences):
-        rows.append(ENTROPY_NOTE)
-    return "\n".join(rows) + "\n"
-
-
-# the quantities of a two-axis grid's tables: (stat, title, digits)
-GRID_QUANTITIES = (
-    ("final_acc", "final held-out acc", 3),
-    ("late_reward", f"train reward, last {LATE_STEPS} steps", 3),
-    ("entropy_last", "last entropy", 3),
-    ("mask_ratio", "mask ratio", 5),
-)
-
-GridAxis = tuple[str, list[str]]  # (label as in the group names, e.g. "tau_p"; its values in grid order)
-
-
-def grid_tables(summary: list[dict], rows: GridAxis, cols: GridAxis) -> str:
-    """A sweep over two axes laid out as an ablation table: one table per quantity, ``rows``' values down,
-    ``cols``' values across, mean ± SE over seeds in each cell (group ``<row>=<r>,<col>=<c>``)."""
-    by_name = {group["group"]: group for group in summary}
-    (row_label, row_values), (col_label, col_values) = rows, cols
-    out = []
-    for stat, title, digits in GRID_QUANTITIES:
-        lines = [
-            f"\n{title}: {row_label} (rows) x {col_label} (columns), mean ± SE over seeds\n",
-            f"| {row_label} \\ {col_label} | " + " | ".join(col_values) + " |",
-            "|---|" + "---|" * len(col_values),
-        ]
-        for r in row_values:
-            cells = []
-            for c in col_values:
-                group = by_name.get(f"{row_label}={r},{col_label}={c}")
-                cells.append(_cell(group["stats"][stat], digits) if group else "-")
-            lines.append(f"| {r} | " + " | ".join(cells) + " |")
-        out.append("\n".join(lines))
-    return "\n".join(out) + "\n"
+    if paired and baseline is not None and baseline in groups and baseline not in selection.groups:
+        raise ComparisonError(f"no run of the baseline {baseline!r} reached step {selection.at}: nothing to pair with")
+    acc_steps = held_out_steps(selection.groups, selection.at)
+    whole_runs = all(ran_to_the_end(run, selection.at) for runs in selection.groups.values() for run in runs)
+    summary = [
+        summarize_group(name, runs, selection.at, acc_steps, whole_runs) for name, runs in selection.groups.items()
+    ]
+    document = {
+        **(meta or {}),
+        "compared_at": selection.at,
+        "at_shared_step": selection.at_shared_step,
+        "held_out_at": acc_steps[-1] if acc_steps and acc_steps[-1] > 0 else None,
+        "best_steps": [step for step in acc_steps if step > 0],
+        "unfinished": [
+            {"group": name, "seed": run.seed, "last_step": last_step(run), "run_dir": str(run.path)}
+            for name, run in selection.unfinished
+        ],
+        "acc_key": "val/average/acc",
+        "groups": summary,
+    }
+    text = step_line(document) + markdown_table(summary)
+    if paired and len(summary) > 1:
+        baseline = summary[0]["group"] if baseline is None else baseline
+        document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}
+        text += paired_table(document["paired"]["groups"], baseline)
+    if grid is not None:
+        text += grid_tables(summary, *grid)
+    # the threshold grid of the groups that train with the S2T mask (the others log it too: the same
+    # tokens, unmasked; it would repeat the table)
+    for group in summary:
+        runs = [truncated(run, selection.at) for run in selection.groups[group["group"]]]
+        if group["stats"]["mask_ratio"]["mean"] is not None and (found := threshold_table(group["group"], runs)):
+            group["threshold_grid"], table = found
+            text += table
+    return document, text
 
 
 def write_comparison(
@@ -304,30 +237,12 @@ def write_comparison(
     baseline: str | None = None,
     paired: bool = True,
     grid: tuple[GridAxis, GridAxis] | None = None,
+    at_shared_step: bool = False,
 ) -> dict:
-    """``comparison.md`` and ``comparison.json`` in ``out_dir``; returns the JSON document.
-
-    With two or more groups (and ``paired``) the paired differences to ``baseline`` (default: the
-    first group) follow; with ``grid`` (a sweep over two axes) the ablation-style tables of
-    :func:`grid_tables` after them.
-    """
-    summary = [summarize_group(name, runs) for name, runs in groups.items()]
-    document = {**(meta or {}), "acc_key": ACC, "groups": summary}
-    table = markdown_table(summary)
-    if paired and len(summary) > 1:
-        baseline = summary[0]["group"] if baseline is None else baseline
-        document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}
-        table += paired_table(document["paired"]["groups"], baseline)
-    if grid is not None:
-        table += grid_tables(summary, *grid)
-    # the threshold grid of the groups that train with the S2T mask (the others log it too: the same
-    # tokens, unmasked; it would repeat the table)
-    for group in summary:
-        if group["stats"]["mask_ratio"]["mean"] is not None and (found := threshold_table(group["group"],
-                                                                                          groups[group["group"]])):
-            group["threshold_grid"], text = found
-            table += text
+    """``comparison.md`` and ``comparison.json`` in ``out_dir`` (see :func:`build_comparison`); returns the
+    JSON document. Nothing is written when the comparison is refused."""
+    document, text = build_comparison(groups, meta, baseline, paired, grid, at_shared_step)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "comparison.md").write_text(table, encoding="utf-8")
+    (out_dir / "comparison.md").write_text(text, encoding="utf-8")
     return document

@@ -20,6 +20,7 @@ from stapo.rundir import metric_segments, read_metrics
 from stapo.wandb_offline import read_history, wandb_files
 
 SWEEP_RECORD = "sweep_run.json"
+STEP_TIME = "timing_s/step"  # verl logs it once for every step it trains
 _SEED_SUFFIX = re.compile(r"^(?P<stem>.*?)(?:^|[-_.=])(?:seed|s)[-_=]?(?P<seed>\d+)$", re.IGNORECASE)
 
 
@@ -59,6 +60,17 @@ def write_record(run, **fields) -> None:
     tmp = run.run_dir / (SWEEP_RECORD + ".tmp")
     tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     tmp.replace(run.run_dir / SWEEP_RECORD)
+
+
+def earlier_segments(run_dir: Path) -> list[float]:
+    """The seconds of the run's earlier, unfinished segments, before it is started again (it resumes from its
+    checkpoint, so they are part of its wall time); none when the folder holds no metrics (a fresh start)."""
+    record = read_record(run_dir)
+    if not metric_segments(run_dir) and not wandb_files(run_dir):
+        return []
+    if record.get("segments_s") is not None:
+        return [float(s) for s in record["segments_s"]]
+    return [float(record["seconds"])] if record.get("seconds") is not None else []
 
 
 def config_value(path: Path, key: str):

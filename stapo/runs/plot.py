@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.rundir import ENTROPY_KEYS
+from stapo.runs.compare import ComparisonError
 from stapo.runs.folder import RunData, group_runs, load_run, read_run_metrics
 from stapo.runs.stats import mean_se
 from stapo.validation import did_you_mean
@@ -189,13 +190,16 @@ def draw_groups(groups: dict[str, list[RunData]], out_dir: Path) -> list[Path]:
     return _draw_figures(out_dir, draw_panel, legend)
 
 
-def plot_groups(run_dirs: list[Path], out_dir: Path, group_by: str | None = None) -> list[Path]:
-    """Grouped figures plus comparison.md / comparison.json (mean +- s.e. per group)."""
+def plot_groups(
+    run_dirs: list[Path], out_dir: Path, group_by: str | None = None, at_shared_step: bool = False
+) -> list[Path]:
+    """comparison.md / comparison.json (mean +- s.e. per group, stapo.runs.compare) and the grouped figures.
+    A comparison that would mislead (two runs of one seed in a group) is refused before anything is drawn."""
     from stapo.runs.compare import write_comparison
 
     groups = group_runs([load_run(path, group_by) for path in run_dirs])
+    write_comparison(groups, out_dir, {"run_dirs": [str(p) for p in run_dirs]}, at_shared_step=at_shared_step)
     written = draw_groups(groups, out_dir)
-    write_comparison(groups, out_dir, {"run_dirs": [str(p) for p in run_dirs]})
     print((out_dir / "comparison.md").read_text(encoding="utf-8"))
     return written + [out_dir / "comparison.md", out_dir / "comparison.json"]
 
@@ -235,6 +239,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="where the PNGs go (default: RUN_DIR/plots of the first run)")
     parser.add_argument("--group-by", metavar="CONFIG_KEY", help="group by this key of each run's config.yaml")
     parser.add_argument("--per-run", action="store_true", help="one line per run folder, no grouping")
+    parser.add_argument(
+        "--at-shared-step",
+        action="store_true",
+        help="compare every run at the last step all of them reached (default: at the configured last step, "
+        "leaving out and listing the runs short of it)",
+    )
     args = parser.parse_args(argv)
     for path in args.run_dirs:
         if not path.exists():
@@ -255,9 +265,12 @@ def main(argv: list[str]) -> int:
         if args.per_run:
             written = plot_runs(args.run_dirs, out)
         else:
-            written = plot_groups(args.run_dirs, out, args.group_by)
+            written = plot_groups(args.run_dirs, out, args.group_by, args.at_shared_step)
     except FileNotFoundError as error:
         parser.error(str(error))
+    except ComparisonError as error:
+        print(f"stapo plot: error: {error}", file=sys.stderr)
+        return 2
     from stapo.demo.token_map import analysis_plots
 
     written += analysis_plots(args.run_dirs, out)  # the paper's probability-entropy map, silenced-token table

@@ -45,10 +45,17 @@ import sys
 import time
 from pathlib import Path
 
-from stapo.runs.folder import config_value, load_run, read_record, read_run_metrics, write_record
-from stapo.sweep.grid import Axis, PlannedRun, axis_label, parse_axis, parse_seeds, plan
+from stapo.runs.folder import (
+    STEP_TIME,
+    config_value,
+    earlier_segments,
+    load_run,
+    read_record,
+    read_run_metrics,
+    write_record,
+)
+from stapo.sweep.grid import Axis, PlannedRun, axis_label, found_seeds, parse_axis, parse_seeds, plan
 
-STEP_TIME = "timing_s/step"
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 
 
@@ -85,15 +92,18 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
     from stapo.runs.train import run_trainer
 
     overrides = run.overrides(common)
-    write_record(run, launcher="local", overrides=overrides, started_at=time.time())
+    segments = earlier_segments(run.run_dir)  # a resumed run's wall time counts every segment
+    write_record(run, launcher="local", overrides=overrides, started_at=time.time(), segments_s=segments)
     label = f"{run.cell} seed {run.seed}"
     result = run_trainer(overrides, run.run_dir, total_steps(overrides), label, echo=echo)
+    segments.append(round(result.seconds, 1))
     write_record(
         run,
         launcher="local",
         overrides=overrides,
         returncode=result.returncode,
-        seconds=round(result.seconds, 1),
+        seconds=round(sum(segments), 1),
+        segments_s=segments,
         peak_rss_bytes=result.peak_rss_bytes,
         finished_at=time.time(),
     )
@@ -106,12 +116,14 @@ class UnknownBaseline(Exception):
 
 def compare(
     out_dir: Path, runs: list[PlannedRun], group_by: str | None, meta: dict, baseline: str | None = None,
-    axes: list[Axis] | None = None,
+    axes: list[Axis] | None = None, at_shared_step: bool = False,
 ) -> list[Path]:
-    """The comparison of every planned run that has metrics; returns the files written. A grid of two
-    ``axes`` (and no ``group_by``) also gets its ablation-style tables, the first axis down.
+    """The comparison of every planned run that has metrics; returns the files written (none when no run
+    has metrics). A grid of two ``axes`` (and no ``group_by``) also gets its ablation-style tables, the
+    first axis down.
 
-    Raises :class:`UnknownBaseline` after writing the comparison without its paired table."""
+    Raises :class:`UnknownBaseline` after writing the comparison without its paired table, and
+    ``stapo.runs.compare.ComparisonError`` (nothing written) for a comparison that would mislead."""
     from stapo.runs.compare import write_comparison
     from stapo.runs.folder import group_runs
 
@@ -125,7 +137,8 @@ def compare(
         return []
     groups = group_runs(loaded)
     if baseline is not None and baseline not in groups:
-        write_comparison(groups, out_dir, meta, paired=False)  # the runs are kept, the table is written
+        # the runs are kept, the table is written
+        write_comparison(groups, out_dir, meta, paired=False, at_shared_step=at_shared_step)
         raise UnknownBaseline(
             f"--baseline {baseline!r} is none of the compared groups {sorted(groups)}: {out_dir / 'comparison.md'} "
             "has no paired table; rerun with --compare-only --baseline <one of them>"
@@ -133,7 +146,14 @@ def compare(
     grid = None
     if axes is not None and len(axes) == 2 and group_by is None:
         grid = tuple((axis_label(axis.key, axes), list(axis.values)) for axis in axes)
-    write_comparison(groups, out_dir, meta, baseline, grid=grid)
+    document = write_comparison(groups, out_dir, meta, baseline, grid=grid, at_shared_step=at_shared_step)
+    for run in document["unfinished"]:
+        print(
+            f"[sweep] warning: {run['group']} seed {run['seed']} stopped at step {run['last_step']}, short of step "
+            f"{document['compared_at']}: left out of the comparison (--at-shared-step compares every run at the "
+            "last step they all reached)",
+            flush=True,
+        )
     written = [out_dir / "comparison.md", out_dir / "comparison.json"]
     try:
         from stapo.runs.plot import draw_groups
@@ -196,7 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=V1,V2",
         help="one axis of the grid (repeatable); KEY is any Hydra override key, e.g. algo",
     )
-    parser.add_argument("--seeds", default="1", help="comma-separated seeds (data.seed and rollout seed), default 1")
+    parser.add_argument(
+        "--seeds",
+        help="comma-separated seeds (data.seed and rollout seed); default 1, or with --compare-only every seed "
+        "that has a run folder under --out",
+    )
     parser.add_argument("--out", type=Path, required=True, help="sweep folder: runs/, comparison.md/.json, plots/")
     parser.add_argument(
         "--launcher",
@@ -205,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="local: one after another here; ray: one Ray job each via launch/ray/submit.sh",
     )
     parser.add_argument("--compare-only", action="store_true", help="write the comparison from the run folders")
+    parser.add_argument(
+        "--at-shared-step",
+        action="store_true",
+        help="compare every run at the last step all of them reached (default: at the configured last step, "
+        "leaving out and listing the runs short of it)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
     parser.add_argument(
         "--no-check",
@@ -259,7 +289,15 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     axes = [parse_axis(text) for text in args.grid]
-    runs = plan(axes, parse_seeds(args.seeds), args.out)
+    if args.seeds is None and args.compare_only:
+        seeds = found_seeds(axes, args.out)
+        if not seeds:
+            print(f"[sweep] error: no run folder of the grid's cells under {args.out / 'runs'}: nothing to compare "
+                  "(is --out the sweep's folder, and --grid its grid?)", flush=True)
+            return 2
+    else:
+        seeds = parse_seeds(args.seeds or "1")
+    runs = plan(axes, seeds, args.out)
     cells = sorted({run.cell for run in runs})
     if args.baseline is not None and args.group_by is None and args.baseline not in cells:
         parser.error(f"--baseline must be one of the grid's cells {cells}, got {args.baseline!r}")
@@ -281,10 +319,16 @@ def main(argv: list[str]) -> int:
             print(f"[{state}] python -m recipe.stapo.main_stapo {shlex.join(run.overrides(common))}")
         return 0
     failed = [] if args.compare_only else run_all(args, runs, common)
+    from stapo.runs.compare import ComparisonError
+
     try:
-        written = compare(args.out, runs, args.group_by, meta, args.baseline, axes)
-    except UnknownBaseline as error:
+        written = compare(args.out, runs, args.group_by, meta, args.baseline, axes, args.at_shared_step)
+    except (UnknownBaseline, ComparisonError) as error:
         print(f"[sweep] error: {error}", flush=True)
+        return 2
+    if not written and args.compare_only:
+        print(f"[sweep] error: none of the {len(runs)} planned runs under {args.out / 'runs'} has metrics: nothing "
+              "compared", flush=True)
         return 2
     for path in written:
         print(f"[sweep] wrote {path}", flush=True)

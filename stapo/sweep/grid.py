@@ -121,3 +121,15 @@ def plan(axes: list[Axis], seeds: list[int], out_dir: Path) -> list[PlannedRun]:
         for seed in seeds
         for cell, overrides, folder in cells
     ]
+
+
+def found_seeds(axes: list[Axis], out_dir: Path) -> list[int]:
+    """The seeds with a run folder (``seed-<S>``) under any of the grid's cells in ``out_dir``, in order:
+    what ``--compare-only`` compares when no ``--seeds`` is given."""
+    cell_dirs = {run.run_dir.parent for run in plan(axes, [0], out_dir)}
+    seeds = set()
+    for cell_dir in cell_dirs:
+        for path in cell_dir.glob("seed-*"):
+            if path.is_dir() and (seed := path.name.removeprefix("seed-")).isdigit():
+                seeds.add(int(seed))
+    return sorted(seeds)

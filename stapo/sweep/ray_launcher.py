@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stapo.rundir import read_metrics
-from stapo.runs.folder import config_value, read_record, write_record
+from stapo.runs.folder import config_value, earlier_segments, read_record, write_record
 from stapo.runs.progress import Progress, format_duration
 from stapo.sweep.grid import PlannedRun
 
@@ -136,8 +136,10 @@ def finish(api: JobApi, flight: Flight, details) -> bool:
     with log_path.open("a", encoding="utf-8") as sink:
         sink.write(f"$ ray job {flight.job_id} ({status})\n{log}")
     seconds = None
+    segments = [float(s) for s in read_record(flight.run.run_dir).get("segments_s") or []]
     if details is not None and details.start_time and details.end_time:
-        seconds = round((details.end_time - details.start_time) / 1000.0, 1)
+        segments.append(round((details.end_time - details.start_time) / 1000.0, 1))
+        seconds = round(sum(segments), 1)
     ok = status == "SUCCEEDED"
     write_record(
         flight.run,
@@ -148,6 +150,7 @@ def finish(api: JobApi, flight: Flight, details) -> bool:
         status=status,
         returncode=0 if ok else 1,
         seconds=seconds,
+        segments_s=segments,
         finished_at=time.time(),
     )
     if ok:
@@ -203,8 +206,10 @@ def run_ray_sweep(
                     job_id = earlier[0]
                     news = f"job {job_id} of an earlier sweep is {earlier[1].lower()}, taken over"
                 else:
+                    segments = earlier_segments(run.run_dir)  # a resubmitted run resumes: its time counts
                     job_id, code, output = submit(run, overrides, repo, address)
-                    write_record(run, launcher="ray", overrides=overrides, job_id=job_id, submitted_at=time.time())
+                    write_record(run, launcher="ray", overrides=overrides, job_id=job_id, submitted_at=time.time(),
+                                 segments_s=segments)
                     if code != 0:
                         print(f"{head}: submit.sh failed (exit code {code}):\n{tail(output)}", flush=True)
                         write_record(run, launcher="ray", overrides=overrides, job_id=job_id, returncode=code)

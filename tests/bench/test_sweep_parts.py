@@ -188,11 +188,24 @@ def test_comparison_files(tmp_path):
     a, b = _two_seeds(tmp_path)
     c = write_metrics(tmp_path / "grpo-seed1", {1: {"actor/entropy": 0.5, "timing_s/step": 5.0}})
     groups = group_runs([load_run(p) for p in (c, a, b)])
-    document = write_comparison({"stapo": groups["stapo"] + groups["algo=stapo"], "grpo": groups["grpo"]}, tmp_path)
+    both = {"stapo": groups["stapo"] + groups["algo=stapo"], "grpo": groups["grpo"]}
+    # no config.yaml: compared at the last step any run reached (3), the two runs short of it listed
+    document = write_comparison(both, tmp_path)
     table = (tmp_path / "comparison.md").read_text()
-    assert "| stapo | 1,2 | 2/3 | 0.500 ± 0.100 |" in table
-    assert "| grpo | 1 | 1 | - | - | - | 0.500 -> 0.500 | - | - | 5 |" in table
+    assert "Every run compared at step 3 (the configured last step)" in table
+    assert "| stapo | 1 | - | 0.400 | 0.600 |" in table and "| grpo |" not in table
+    unfinished = [(r["group"], r["seed"], r["last_step"]) for r in document["unfinished"]]
+    assert unfinished == [("stapo", 2, 2), ("grpo", 1, 1)]
+    assert "- stapo seed 2: last step 2" in table and "- grpo seed 1: last step 1" in table
     assert json.loads((tmp_path / "comparison.json").read_text()) == json.loads(json.dumps(document))
+    # at the last step all three reached (1): every run, every value of step 1, the step times up to it
+    document = write_comparison(both, tmp_path, at_shared_step=True)
+    table = (tmp_path / "comparison.md").read_text()
+    assert "Every run compared at step 1 (the last step every run reached)" in table and not document["unfinished"]
+    assert "| stapo | 1,2 | - | 0.200 ± 0.000 | 0.200 ± 0.000 | -0.375 ± 0.125 | 1.100 ± 0.100 -> 1.100 ± 0.100 |" \
+        in table
+    assert "| grpo | 1 | - | - | - | - | 0.500 -> 0.500 | - | - | 5 |" in table
+    assert [run["wall_s"] for run in document["groups"][0]["runs"]] == [10.0, 9.0]
 
 
 
@@ -212,8 +225,8 @@ def test_entropy_not_aggregated_as_a_token_mean_is_flagged(tmp_path):
     paired = {g["group"]: g["entropy_token_mean"] for g in document["paired"]["groups"]}
     assert paired == {"drgrpo": False, "grpo": True}
     table = (tmp_path / "out" / "comparison.md").read_text()
-    assert "| drgrpo | 1 | 0 | 0.500 | 0.500 | - | 0.100 -> 0.100 † |" in table
-    assert "| justrl | 1 | 0 | 0.500 | 0.500 | - | 0.100 -> 0.100 |" in table
+    assert "| drgrpo | 1 | - | 0.500 | 0.500 | - | 0.100 -> 0.100 † |" in table
+    assert "| justrl | 1 | - | 0.500 | 0.500 | - | 0.100 -> 0.100 |" in table
     assert "| drgrpo | 1 | 0.000 | 0.000 | - | 0.0000 † |" in table
     assert "| grpo | 1 | 0.000 | 0.000 | - | 0.0000 |" in table
     assert table.count("†: `actor/entropy` aggregated with this run's `loss_agg_mode`") == 2
@@ -235,16 +248,17 @@ def test_the_token_mean_entropy_is_read_first_whatever_the_loss_agg_mode(tmp_pat
     assert groups["drgrpo"]["runs"][0]["entropy_trajectory"] == {"1": 0.11, "2": 0.1}
     assert document["paired"]["groups"][0]["diff"]["entropy_last"]["mean"] == pytest.approx(-0.01)
     table = (tmp_path / "out" / "comparison.md").read_text()
-    assert "| drgrpo | 1 | 0 | 0.500 | 0.500 | - | 0.110 -> 0.100 |" in table and "†" not in table
+    assert "| drgrpo | 1 | - | 0.500 | 0.500 | - | 0.110 -> 0.100 |" in table and "†" not in table
     # a seed of the group without the token mean (a run from before it was logged): the group reads
     # actor/entropy for every seed, marked, rather than mixing two aggregations
-    old = write_metrics(tmp_path / "drgrpo-seed2", {1: {"actor/entropy": 0.07}}, record={"cell": "drgrpo", "seed": 2})
+    old = write_metrics(tmp_path / "drgrpo-seed2", {1: {"actor/entropy": 0.07}, 2: {"actor/entropy": 0.06}},
+                        record={"cell": "drgrpo", "seed": 2})
     (old / "config.yaml").write_text((tmp_path / "drgrpo-seed1" / "config.yaml").read_text())
     mixed = write_comparison(group_runs(runs + [load_run(old)]), tmp_path / "mixed", baseline="justrl")
     drgrpo = next(g for g in mixed["groups"] if g["group"] == "drgrpo")
     assert not drgrpo["entropy_token_mean"]
-    assert [r["entropy_trajectory"] for r in drgrpo["runs"]] == [{"1": 0.05, "2": 0.04}, {"1": 0.07}]
-    assert "0.060 ± 0.010 -> 0.055 ± 0.015 †" in (tmp_path / "mixed" / "comparison.md").read_text()
+    assert [r["entropy_trajectory"] for r in drgrpo["runs"]] == [{"1": 0.05, "2": 0.04}, {"1": 0.07, "2": 0.06}]
+    assert "0.060 ± 0.010 -> 0.050 ± 0.010 †" in (tmp_path / "mixed" / "comparison.md").read_text()
 
 
 def test_the_logged_threshold_grid_over_seeds(tmp_path):
@@ -269,9 +283,10 @@ def test_the_logged_threshold_grid_over_seeds(tmp_path):
             steps[step] = row
         runs.append(load_run(write_metrics(tmp_path / f"stapo-seed{seed}", steps,
                                            record={"cell": "stapo", "seed": seed})))
-    runs.append(load_run(write_metrics(tmp_path / "grpo-seed1", {1: {"actor/entropy": 1.0, **{
-        f"actor/stapo/ablation/pos/tau_p={t},q={q}/mask_ratio": 0.5 for t in tau_ps for q in qs}}},
-        record={"cell": "grpo", "seed": 1})))
+    unmasked = {f"actor/stapo/ablation/pos/tau_p={t},q={q}/mask_ratio": 0.5 for t in tau_ps for q in qs}
+    runs.append(load_run(write_metrics(tmp_path / "grpo-seed1", {step: {"actor/entropy": 1.0, **unmasked}
+                                                                  for step in (1, 2, 3, 4)},
+                                       record={"cell": "grpo", "seed": 1})))
     document = write_comparison(group_runs(runs), tmp_path / "out")
     stapo, grpo = document["groups"]
     assert "threshold_grid" not in grpo
@@ -482,7 +497,7 @@ def test_dry_run_and_compare_only(tmp_path, capsys):
         )
     assert main(["--grid", "algo=stapo,grpo", "--seeds", "1,2", "--out", str(tmp_path), "--compare-only"]) == 0
     table = (tmp_path / "comparison.md").read_text()
-    assert "| algo=stapo | 1,2 | 1 | 0.650 ± 0.050 |" in table and "| algo=grpo | 1,2 | 1 | 0.400 ± 0.050 |" in table
+    assert "| algo=stapo | 1,2 | - | 0.650 ± 0.050 |" in table and "| algo=grpo | 1,2 | - | 0.400 ± 0.050 |" in table
     assert "(rows)" not in table  # one axis: no ablation layout
 
 

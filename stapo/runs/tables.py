@@ -1,0 +1,137 @@
+"""The markdown of a comparison (``comparison.md``), written from the document ``stapo.runs.compare`` builds.
+
+Text only: every number here is read from the document, so the tables and ``comparison.json`` cannot
+disagree.
+"""
+
+from __future__ import annotations
+
+from stapo.rundir import ENTROPY_TOKEN_MEAN
+from stapo.runs.summary import ACC, ENTROPY, GRAD_BOUND, LATE_STEPS, MASK, TOKEN_MEAN
+
+NOT_TOKEN_MEAN = " †"
+ENTROPY_NOTE = (
+    f"\n†: `{ENTROPY}` aggregated with this run's `loss_agg_mode` (not {TOKEN_MEAN}), as verl logs it, from runs "
+    f"without `{ENTROPY_TOKEN_MEAN}`: not the mean entropy of a response token, so not comparable with the other "
+    "rows' entropy.\n"
+)
+
+
+def entropy_is_token_mean(group: dict) -> bool:
+    return group.get("entropy_token_mean", True)
+
+
+def cell(stat: dict, digits: int) -> str:
+    if stat["mean"] is None:
+        return "-"
+    text = f"{stat['mean']:.{digits}f}"
+    return text + (f" ± {stat['se']:.{digits}f}" if stat["se"] is not None else "")
+
+
+def step_line(document: dict) -> str:
+    """Which step the tables compare, and which runs they leave out (short of it)."""
+    at, acc_step = document["compared_at"], document.get("held_out_at")
+    mode = "the last step every run reached" if document.get("at_shared_step") else "the configured last step"
+    line = f"Every run compared at step {at} ({mode}); held-out accuracy at step {acc_step}"
+    best = document.get("best_steps") or []
+    line += f", best of steps {', '.join(str(s) for s in best)} (step 0, before training, never counts).\n" if best \
+        else " (no held-out step after step 0: no best).\n"
+    unfinished = document.get("unfinished") or []
+    if unfinished:
+        line += (
+            f"\n**Left out, short of step {at}** ({len(unfinished)} run(s); `--at-shared-step` compares every run "
+            "at the last step they all reached):\n\n"
+        )
+        line += "\n".join(
+            f"- {run['group']} seed {run['seed']}: last step {run['last_step']} ({run['run_dir']})"
+            for run in unfinished
+        ) + "\n"
+    return line + "\n"
+
+
+def markdown_table(groups: list[dict]) -> str:
+    header = (
+        "| group | seeds | held-out acc, step 0 | final held-out acc | best held-out acc "
+        f"| train reward, last {LATE_STEPS} steps | entropy first -> last | mask ratio | spurious grad share "
+        "| wall time (s) |"
+    )
+    rows = [header, "|---|---|---|---|---|---|---|---|---|---|"]
+    for group in groups:
+        s = group["stats"]
+        seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
+        entropy = f"{cell(s['entropy_first'], 3)} -> {cell(s['entropy_last'], 3)}"
+        entropy += "" if entropy_is_token_mean(group) else NOT_TOKEN_MEAN
+        rows.append(
+            f"| {group['group']} | {seeds} | {cell(s['initial_acc'], 3)} | {cell(s['final_acc'], 3)} "
+            f"| {cell(s['best_acc'], 3)} | {cell(s['late_reward'], 3)} | {entropy} | {cell(s['mask_ratio'], 5)} "
+            f"| {cell(s['grad_share'], 4)} | {cell(s['wall_s'], 0)} |"
+        )
+    note = (
+        "\nmean ± standard error over seeds (sample std / sqrt(n); no ± with one seed). Held-out accuracy: "
+        f"`{ACC}` (or derived from `val-core/*/acc/mean@n`), '-' when no validation ran. Mask ratio: "
+        f"mean over steps of `{MASK}`, the silenced share of response tokens; spurious grad share: "
+        f"`{GRAD_BOUND[0]}` summed over steps over `{GRAD_BOUND[1]}` summed over steps, the silenced tokens' "
+        "share of the positive-advantage tokens' bound on the squared logit-gradient norm (docs/algorithm.md "
+        "section 5); '-' for algorithms without the S2T mask. Wall time: the sweep's clock summed over a "
+        "run's segments (start-up included), or the logged step times when runs are compared before their "
+        "last step. Per-step values of every run: `comparison.json`, `groups[].runs[].series`.\n"
+    )
+    if not all(entropy_is_token_mean(group) for group in groups):
+        note += ENTROPY_NOTE
+    return "\n".join(rows) + "\n" + note
+
+
+def paired_table(differences: list[dict], baseline: str) -> str:
+    intro = (
+        f"\nPaired by seed: group minus `{baseline}` for the same seed, mean ± standard error over the seeds "
+        "both ran.\n"
+    )
+    header = (
+        "| group | seeds paired | Δ final held-out acc | Δ best held-out acc "
+        f"| Δ train reward, last {LATE_STEPS} steps | Δ last entropy | Δ wall time (s) |"
+    )
+    rows = [intro, header, "|---|---|---|---|---|---|---|"]
+    for group in differences:
+        d = group["diff"]
+        seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
+        rows.append(
+            f"| {group['group']} | {seeds} | {cell(d['final_acc'], 3)} | {cell(d['best_acc'], 3)} "
+            f"| {cell(d['late_reward'], 3)} | {cell(d['entropy_last'], 4)}"
+            f"{'' if entropy_is_token_mean(group) else NOT_TOKEN_MEAN} | {cell(d['wall_s'], 0)} |"
+        )
+    if not all(entropy_is_token_mean(group) for group in differences):
+        rows.append(ENTROPY_NOTE)
+    return "\n".join(rows) + "\n"
+
+
+# the quantities of a two-axis grid's tables: (stat, title, digits)
+GRID_QUANTITIES = (
+    ("final_acc", "final held-out acc", 3),
+    ("late_reward", f"train reward, last {LATE_STEPS} steps", 3),
+    ("entropy_last", "last entropy", 3),
+    ("mask_ratio", "mask ratio", 5),
+)
+
+GridAxis = tuple[str, list[str]]  # (label as in the group names, e.g. "tau_p"; its values in grid order)
+
+
+def grid_tables(summary: list[dict], rows: GridAxis, cols: GridAxis) -> str:
+    """A sweep over two axes laid out as an ablation table: one table per quantity, ``rows``' values down,
+    ``cols``' values across, mean ± SE over seeds in each cell (group ``<row>=<r>,<col>=<c>``)."""
+    by_name = {group["group"]: group for group in summary}
+    (row_label, row_values), (col_label, col_values) = rows, cols
+    out = []
+    for stat, title, digits in GRID_QUANTITIES:
+        lines = [
+            f"\n{title}: {row_label} (rows) x {col_label} (columns), mean ± SE over seeds\n",
+            f"| {row_label} \\ {col_label} | " + " | ".join(col_values) + " |",
+            "|---|" + "---|" * len(col_values),
+        ]
+        for r in row_values:
+            cells = []
+            for c in col_values:
+                group = by_name.get(f"{row_label}={r},{col_label}={c}")
+                cells.append(cell(group["stats"][stat], digits) if group else "-")
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines))
+    return "\n".join(out) + "\n"
