@@ -28,9 +28,9 @@ import torch.distributed as dist
 from stapo.gradnorm import grad_norm_sq_lower_bound
 from stapo.quantile import (
     all_reduce_sum,
+    dp_ranks,
     global_quantile,
     group_masked_quantiles,
-    group_size,
     less_than,
     masked_quantiles,
 )
@@ -344,7 +344,7 @@ def high_entropy_keep(
     Exact at every size and on every layout (one process or several DP ranks): the threshold decides
     which tokens train, so the driver's diagnostics and every rank's fold must agree bit for bit."""
     finite = response_mask & torch.isfinite(entropy)
-    if group_size(group) > 1:
+    if dp_ranks(group) > 1:
         threshold = global_quantile(entropy[finite], 1.0 - top_fraction, group)
     else:  # one process holds the whole scope: one partition pass, no gather, no sampling
         (threshold,) = masked_quantiles(entropy, finite, (1.0 - top_fraction,), max_exact=None)

@@ -113,8 +113,8 @@ def less_than(values: torch.Tensor, threshold: float) -> torch.Tensor:
     return values <= rounded
 
 
-def group_size(group: dist.ProcessGroup | None) -> int:
-    """World size of ``group``; 1 when there is no group (this process only)."""
+def dp_ranks(group: dist.ProcessGroup | None) -> int:
+    """How many data-parallel ranks ``group`` holds; 1 when there is no group (this process only)."""
     if group is None or not dist.is_available() or not dist.is_initialized():
         return 1
     return dist.get_world_size(group=group)
@@ -127,7 +127,7 @@ def gather_variable(values: torch.Tensor, group: dist.ProcessGroup | None) -> to
     were selected from: for the S2T threshold that is the candidates, a small share of the batch.
     """
     values = values.reshape(-1)
-    world = group_size(group)
+    world = dp_ranks(group)
     if world == 1:
         return values
     count = torch.tensor([values.numel()], dtype=torch.long, device=values.device)
@@ -147,7 +147,7 @@ def gather_variable(values: torch.Tensor, group: dist.ProcessGroup | None) -> to
 def all_reduce_sum(value: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Sum of a tensor over the group (a copy; the input is untouched)."""
     total = value.clone()
-    if group_size(group) > 1:
+    if dp_ranks(group) > 1:
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
     return total
 
@@ -171,7 +171,7 @@ def group_masked_quantiles(
     strided sample of its own positions, at the stride the whole batch would take, so only about
     ``max_exact`` values travel however large the batch. One process is :func:`masked_quantiles` itself.
     """
-    if group_size(group) == 1:
+    if dp_ranks(group) == 1:
         return masked_quantiles(values, mask, qs, max_exact)
     flat, flat_mask = values.reshape(-1), mask.reshape(-1).bool()
     positions = all_reduce_sum(torch.tensor(flat.numel(), device=values.device), group)

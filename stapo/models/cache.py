@@ -17,7 +17,8 @@ def build_once(target: Path, marker: str, build: Callable[[Path], None]) -> str:
     result, instead of spending the same minutes of CPU on a copy (the testbed takes about 4 on one
     core; parallel tests and a sweep's runs all ask for it at once on a fresh machine). The build
     writes into a temporary sibling folder that is renamed into place, so a build that fails or is
-    killed leaves no half-written checkpoint behind.
+    killed leaves no half-written checkpoint behind; a folder at ``target`` without the marker (left by
+    anything else) is replaced, and a finished build that appeared meanwhile is used as it is.
     """
     if (target / marker).exists():
         return str(target)
@@ -28,7 +29,17 @@ def build_once(target: Path, marker: str, build: Callable[[Path], None]) -> str:
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
             build(staging)
-            staging.rename(target)
+            if (target / marker).exists():  # finished meanwhile by a writer that does not take the lock
+                return str(target)
+            if target.exists():
+                # a folder without the marker (an earlier layout, a copy made without the lock): incomplete by
+                # definition, so replaced instead of failing the rename with "Directory not empty"
+                shutil.rmtree(target)
+            try:
+                staging.rename(target)
+            except OSError:
+                if not (target / marker).exists():  # not a finished build that won a race: a real failure
+                    raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return str(target)

@@ -66,28 +66,21 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
 
 def _build(target: Path) -> None:
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig, Qwen3ForCausalLM
 
     from stapo.data.synthetic import corpus_text, make_rows
+    from stapo.models.qwen3 import small_qwen3_config
 
     rows = make_rows(2000, "tokenizer", seed=0) + make_rows(200, "val", seed=0)
     texts = corpus_text(rows) + ["Let me think step by step.", "So the answer is", "assistant", "user"]
     tokenizer = _train_tokenizer(texts, SETTINGS["vocab_size"])
     torch.manual_seed(SETTINGS["seed"])
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=SETTINGS["hidden_size"],
-        intermediate_size=SETTINGS["intermediate_size"],
-        num_hidden_layers=SETTINGS["num_hidden_layers"],
-        num_attention_heads=SETTINGS["num_attention_heads"],
-        num_key_value_heads=SETTINGS["num_key_value_heads"],
-        head_dim=SETTINGS["head_dim"],
-        max_position_embeddings=SETTINGS["max_position_embeddings"],
-        initializer_range=SETTINGS["initializer_range"],
-        tie_word_embeddings=True,
+    config = small_qwen3_config(
+        SETTINGS,
+        len(tokenizer),
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        bos_token_id=None,
+        initializer_range=SETTINGS["initializer_range"],
     )
     model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(

@@ -51,6 +51,16 @@ __all__ = ["ComparisonError", "comparison_step", "mean_se", "paired_differences"
 PAIRED = ("final_acc", "best_acc", "late_reward", "entropy_last", "wall_s")
 
 
+def add_step_option(parser) -> None:
+    """``--at-shared-step``, as ``stapo sweep`` and ``stapo plot`` take it."""
+    parser.add_argument(
+        "--at-shared-step",
+        action="store_true",
+        help="compare every run at the last step all of them reached (default: at the configured last step, "
+        "leaving out and listing the runs short of it)",
+    )
+
+
 class ComparisonError(ValueError):
     """A comparison that would print a wrong number: refused with one line saying why."""
 

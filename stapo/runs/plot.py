@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.rundir import ENTROPY_KEYS
-from stapo.runs.compare import ComparisonError
+from stapo.runs.compare import ComparisonError, add_step_option
 from stapo.runs.folder import RunData, group_runs, load_run, read_run_metrics
 from stapo.runs.stats import mean_se
 from stapo.validation import did_you_mean
@@ -239,12 +239,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, help="where the PNGs go (default: RUN_DIR/plots of the first run)")
     parser.add_argument("--group-by", metavar="CONFIG_KEY", help="group by this key of each run's config.yaml")
     parser.add_argument("--per-run", action="store_true", help="one line per run folder, no grouping")
-    parser.add_argument(
-        "--at-shared-step",
-        action="store_true",
-        help="compare every run at the last step all of them reached (default: at the configured last step, "
-        "leaving out and listing the runs short of it)",
-    )
+    add_step_option(parser)
     args = parser.parse_args(argv)
     for path in args.run_dirs:
         if not path.exists():

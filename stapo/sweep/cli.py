@@ -206,6 +206,8 @@ def positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from stapo.runs.compare import add_step_option
+
     parser = argparse.ArgumentParser(
         prog="stapo sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -229,12 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="local: one after another here; ray: one Ray job each via launch/ray/submit.sh",
     )
     parser.add_argument("--compare-only", action="store_true", help="write the comparison from the run folders")
-    parser.add_argument(
-        "--at-shared-step",
-        action="store_true",
-        help="compare every run at the last step all of them reached (default: at the configured last step, "
-        "leaving out and listing the runs short of it)",
-    )
+    add_step_option(parser)
     parser.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
     parser.add_argument(
         "--no-check",

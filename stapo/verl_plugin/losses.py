@@ -41,7 +41,7 @@ from stapo.loss import (
     outside_mask_zeroed,
 )
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask, group_totals
-from stapo.quantile import group_size
+from stapo.quantile import dp_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class STAPOLossFn:
 def _any_rank(flag: bool, group: dist.ProcessGroup | None, device: torch.device) -> float:
     """1.0 if ``flag`` holds on any rank of ``group`` (the same value on every rank), else 0.0."""
     value = torch.tensor(float(flag), device=device)
-    if group_size(group) > 1:
+    if dp_ranks(group) > 1:
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return float(value)
 

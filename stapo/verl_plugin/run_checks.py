@@ -52,6 +52,7 @@ def validate_run_config(config) -> None:
     check_clip_ratios(actor)
     check_run_batches(config)
     _check_lengths_steps_lr(config)
+    _check_actor_update(config)
     _check_loggers(config)
     _check_device(config)
     _check_distillation(config)
@@ -196,6 +197,37 @@ def _check_lengths_steps_lr(config) -> None:
     if steps is not None:  # null: trainer.total_epochs decides
         check_positive_int("trainer.total_training_steps", steps)
     check_number(f"{ACTOR}optim.lr", OmegaConf.select(config, f"{ACTOR}optim.lr", default=None), hint=" (paper: 1e-6)")
+
+
+GAIN_ADAMW = ("stapo.models.testbed.optim", "GainAdamW")
+FSDP2 = "fsdp2"
+
+
+def _check_actor_update(config) -> None:
+    """An update happens, and the testbed's optimizer gets the parameters it splits.
+
+    verl runs ``ppo_epochs`` passes over each batch: 0 trains nothing and reports success. GainAdamW
+    (stapo/models/testbed/optim.py) tells the norm gains from the matrices by ``ndim``: FSDP2's DTensors keep
+    each parameter's shape, FSDP1 flattens every parameter to 1-D, which would give every weight the gains'
+    learning rate (``gain_lr_scale`` times it); its scale must be positive (a negative one inverts the step).
+    """
+    epochs = OmegaConf.select(config, f"{ACTOR}ppo_epochs", default=1)
+    check_positive_int(f"{ACTOR}ppo_epochs", epochs)
+    optim = OmegaConf.select(config, f"{ACTOR}optim", default=None) or {}
+    if (optim.get("optimizer_impl"), optim.get("optimizer")) != GAIN_ADAMW:
+        return
+    strategy = OmegaConf.select(config, f"{ACTOR}strategy", default=None)
+    if strategy != FSDP2:
+        raise STAPOConfigError(
+            f"{ACTOR}optim.optimizer=GainAdamW needs {ACTOR}strategy={FSDP2}, got {strategy!r}: FSDP1 flattens every "
+            "parameter to 1-D, so GainAdamW would take every weight for a norm gain"
+        )
+    scale = (optim.get("override_optimizer_config") or {}).get("gain_lr_scale", 1.0)
+    if not is_finite_number(scale) or scale <= 0:
+        raise STAPOConfigError(
+            f"{ACTOR}optim.override_optimizer_config.gain_lr_scale must be a finite number > 0 (the norm gains' lr "
+            f"over the matrices'; the testbed preset: 100), got {scale!r}"
+        )
 
 
 def _check_loggers(config) -> None:

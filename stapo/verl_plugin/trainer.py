@@ -80,6 +80,30 @@ def step_token_count(mean_per_update: float, updates_per_epoch: int) -> int:
     return round(float(mean_per_update) * updates_per_epoch)
 
 
+def check_step_token_counts(update_metrics: dict, updates_per_epoch: int, folded: bool, mask_name: str) -> None:
+    """The step's token counts in ``update_metrics`` (verl's, made one step's; the folded mask's) agree, or the
+    step fails. A folded mask's step must report both: a step reporting neither (no update ran, or the actor
+    role was mapped to a worker that does not fold) would otherwise skip the check, not pass it."""
+    loss_tokens = update_metrics.pop(LOSS_TOKENS_METRIC, None)
+    expected = update_metrics.get(METRIC_PREFIX + FOLDED_LOSS_TOKENS)
+    if folded and loss_tokens is None:
+        raise RuntimeError(
+            f"the actor update reported no {LOSS_TOKENS_METRIC}: no update ran this step, or the actor role was "
+            f"mapped to a worker class that does not fold the {mask_name} mask"
+        )
+    if folded and expected is None:
+        raise RuntimeError(
+            f"the actor update reported no {FOLDED_LOSS_TOKENS}: the STAPO actor worker did not fold the "
+            f"{mask_name} mask (was the actor role mapped to another worker class?)"
+        )
+    if loss_tokens is None:
+        return
+    loss_tokens = step_token_count(loss_tokens, updates_per_epoch)
+    update_metrics[LOSS_TOKENS_METRIC] = float(loss_tokens)
+    if expected is not None:
+        check_token_count(loss_tokens, expected, mask_name)
+
+
 def check_token_count(loss_tokens: int, folded: float, mask_name: str) -> None:
     """verl's token count must be the count the folded mask left: compared as integers."""
     if loss_tokens != round(float(folded)):
@@ -154,18 +178,7 @@ class STAPOTrainer(PPOTrainerSync):
         batch = super()._update_actor(batch, update_metrics)
         actor = self.config.actor_rollout_ref
         updates_per_epoch = max(1, len(batch) // (actor.actor.ppo_mini_batch_size * actor.rollout.n))
-        loss_tokens = update_metrics.pop(LOSS_TOKENS_METRIC, None)
-        if loss_tokens is not None:
-            loss_tokens = step_token_count(loss_tokens, updates_per_epoch)
-            update_metrics[LOSS_TOKENS_METRIC] = float(loss_tokens)
-            expected = update_metrics.get(METRIC_PREFIX + FOLDED_LOSS_TOKENS)
-            if self._settings.folded and expected is None:
-                raise RuntimeError(
-                    f"the actor update reported no {FOLDED_LOSS_TOKENS}: the STAPO actor worker did not fold the "
-                    f"{self._mask.name} mask (was the actor role mapped to another worker class?)"
-                )
-            if expected is not None:
-                check_token_count(loss_tokens, expected, self._mask.name)
+        check_step_token_counts(update_metrics, updates_per_epoch, self._settings.folded, self._mask.name)
         if self._settings.in_loss:
             step = finalize_metrics(self._mask, *in_loss_step_metrics(update_metrics, updates_per_epoch))
             update_metrics = {k: v for k, v in update_metrics.items() if not k.startswith(IN_LOSS_PREFIX)}

@@ -13,7 +13,7 @@ import random
 import pytest
 from verl.utils.metric import reduce_metrics
 
-from stapo.verl_plugin.trainer import check_token_count, step_token_count
+from stapo.verl_plugin.trainer import check_step_token_counts, check_token_count, step_token_count
 
 KEY = "actor/stapo/loss_tokens"
 
@@ -48,3 +48,26 @@ def test_the_float_product_alone_is_not_exact():
 def test_a_count_that_differs_by_one_token_stops_the_run():
     with pytest.raises(RuntimeError, match=r"divided by 127214602 tokens but the folded stapo mask left 127214603"):
         check_token_count(127_214_602, 127_214_603.0, "stapo")
+
+
+FOLDED = "actor/stapo/loss_tokens_folded"
+
+
+def test_a_step_of_a_folded_mask_that_reports_no_count_stops_the_run():
+    """With ppo_epochs=0 (refused before start since) or a worker that does not fold, a step reports no token count
+    at all: the check must fail that step, not skip it."""
+    with pytest.raises(RuntimeError, match="reported no actor/stapo/loss_tokens: no update ran this step"):
+        check_step_token_counts({}, 1, folded=True, mask_name="stapo")
+    with pytest.raises(RuntimeError, match="reported no loss_tokens_folded"):
+        check_step_token_counts({KEY: 10.0}, 1, folded=True, mask_name="stapo")
+    # an algorithm without a folded mask reports verl's count only, made one step's
+    metrics = {KEY: 12.5}
+    check_step_token_counts(metrics, 2, folded=False, mask_name="none")
+    assert metrics == {KEY: 25.0}
+    check_step_token_counts({}, 1, folded=False, mask_name="none")  # and may report none
+    # a folded mask's step: verl's count made one step's, then checked against the folded count
+    metrics = {KEY: reported_mean([7, 9, 11], 2), FOLDED: 27.0}
+    check_step_token_counts(metrics, 3, folded=True, mask_name="stapo")
+    assert metrics[KEY] == 27.0
+    with pytest.raises(RuntimeError, match="divided by 27 tokens but the folded stapo mask left 28"):
+        check_step_token_counts({KEY: reported_mean([7, 9, 11], 1), FOLDED: 28.0}, 3, folded=True, mask_name="stapo")

@@ -113,6 +113,15 @@ REJECTED = [
     (["data.max_response_length=-5"], "data.max_response_length must be a positive integer, got -5"),
     (["data.max_prompt_length=0"], "data.max_prompt_length must be a positive integer, got 0"),
     (["trainer.total_epochs=0"], "trainer.total_epochs must be a positive integer, got 0"),
+    # no update at all: verl would run every step without one and report success
+    ([f"{ACTOR}.ppo_epochs=0"], f"{ACTOR}.ppo_epochs must be a positive integer, got 0"),
+    # the testbed's optimizer: a scale that inverts or zeroes the gains' step, and FSDP1's 1-D flat parameters
+    (["model_preset=testbed", f"{ACTOR}.optim.override_optimizer_config.gain_lr_scale=-1"],
+     f"{ACTOR}.optim.override_optimizer_config.gain_lr_scale must be a finite number > 0"),
+    (["model_preset=testbed", f"{ACTOR}.optim.override_optimizer_config.gain_lr_scale=0"],
+     "(the norm gains' lr over the matrices'; the testbed preset: 100), got 0"),
+    (["model_preset=testbed", f"{ACTOR}.strategy=fsdp"],
+     f"{ACTOR}.optim.optimizer=GainAdamW needs {ACTOR}.strategy=fsdp2, got 'fsdp'"),
     ([f"{ACTOR}.optim.lr=fast"], f"{ACTOR}.optim.lr must be a finite number >= 0 (paper: 1e-6), got 'fast'"),
     ([f"{ACTOR}.optim.lr=-1e-6"], f"{ACTOR}.optim.lr must be a finite number >= 0"),
     (["trainer.logger=[consol]"], "trainer.logger='consol' is not one of verl's loggers ["),

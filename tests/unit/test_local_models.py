@@ -74,3 +74,29 @@ def test_processes_asking_at_once_build_once_and_share_the_result(tmp_path):
         str(tmp_path / "model")
     }
     assert (tmp_path / "model" / "done.txt").read_text() == "ok"
+
+
+def test_a_folder_without_the_marker_is_replaced_not_a_rename_error(tmp_path):
+    """A target left without its marker (an earlier layout, a copy made without the lock) used to turn the
+    final rename into ``OSError: Directory not empty``: it is an unfinished build, replaced by this one."""
+    stale = tmp_path / "model"
+    stale.mkdir()
+    (stale / "old.bin").write_text("stale")
+    path = build_once(stale, "done.txt", lambda f: (f / "done.txt").write_text("ok"))
+    assert sorted(p.name for p in Path(path).iterdir()) == ["done.txt"]
+
+
+def test_a_finished_build_that_appears_during_the_build_is_used(tmp_path):
+    """Another writer (not holding the lock) finishes the same target while this build runs: its result stands,
+    and this build's copy is cleaned away."""
+    target = tmp_path / "model"
+
+    def racing(folder: Path) -> None:
+        (folder / "done.txt").write_text("mine")
+        target.mkdir()
+        (target / "done.txt").write_text("theirs")
+        (target / "weights.bin").write_text("x")  # a non-empty folder: the rename cannot replace it
+
+    assert build_once(target, "done.txt", racing) == str(target)
+    assert (target / "done.txt").read_text() == "theirs"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".model-")] == []

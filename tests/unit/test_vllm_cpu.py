@@ -76,7 +76,6 @@ def test_the_head_size_list_is_vllms_and_the_shims_apply():
     from stapo.verl_plugin.cpu import vllm_shims
 
     assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == vllm_cpu.CPU_ATTENTION_HEAD_SIZES
-    assert vllm_shims.VLLM_CPU_VERSION == vllm_cpu.VLLM_CPU_VERSION
     vllm_shims.apply()
     vllm_shims.apply()  # vLLM may load a plugin more than once per process
     assert getattr(utils.dispatch_cpu_unquantized_gemm, "_stapo_keeps_weights", False)

@@ -71,25 +71,13 @@ def difficulty_of(recipe: dict):
 def build_model(recipe: dict):
     """``(model, tokenizer)`` freshly initialised from ``recipe["seed"]`` (no training)."""
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import GenerationConfig, Qwen3ForCausalLM
 
+    from stapo.models.qwen3 import small_qwen3_config
     from stapo.models.testbed.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
-        hidden_size=recipe["hidden_size"],
-        intermediate_size=recipe["intermediate_size"],
-        num_hidden_layers=recipe["num_hidden_layers"],
-        num_attention_heads=recipe["num_attention_heads"],
-        num_key_value_heads=recipe["num_key_value_heads"],
-        head_dim=recipe["head_dim"],
-        max_position_embeddings=recipe["max_position_embeddings"],
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
+    config = small_qwen3_config(recipe, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(recipe["seed"])
     model = Qwen3ForCausalLM(config).float()
     model.generation_config = GenerationConfig(

@@ -33,8 +33,11 @@ class GainAdamW(torch.optim.AdamW):
         params = list(params)
         if params and isinstance(params[0], dict):
             raise ValueError("GainAdamW splits a flat parameter list itself; got parameter groups")
-        if gain_lr_scale <= 0:
+        if not gain_lr_scale > 0:
             raise ValueError(f"gain_lr_scale must be positive, got {gain_lr_scale}")
+        if any(type(p).__name__ == "FlatParameter" for p in params):
+            # FSDP1 flattens every parameter to 1-D: each would be taken for a gain (stapo check refuses it too)
+            raise ValueError("GainAdamW needs FSDP2 (actor.strategy=fsdp2); FSDP1's flat parameters are all 1-D")
         matrices = [p for p in params if p.ndim >= 2]
         gains = [p for p in params if p.ndim < 2]
         groups = [{"params": matrices, "lr": lr, "weight_decay": weight_decay}]

