@@ -10,7 +10,9 @@ unfinished run restarts from its last checkpoint (its own ``checkpoints/`` folde
 ``trainer.resume_mode=auto``). After the runs, and with ``--compare-only`` at any time,
 ``OUT/comparison.md`` / ``.json`` and ``OUT/plots/`` are written from the run folders: mean ± standard
 error per cell over seeds, then each cell's difference to ``--baseline`` (default the first cell) paired
-by seed, the comparison that the shared seeds make sharper. A grid of two axes (an ablation such as
+by seed, the comparison that the shared seeds make sharper. Every run is read at the configured last
+step; runs short of it are left out and listed (``--at-shared-step``: every run at the last step all
+reached); a group with two runs of one seed is refused (stapo/runs/compare.py). A grid of two axes (an ablation such as
 ``--grid actor_rollout_ref.actor.policy_loss.tau_p=0.002,0.01 --grid
 actor_rollout_ref.actor.policy_loss.entropy_quantile=0.5,0.75``) also gets one table per quantity with
 the first axis down and the second across.

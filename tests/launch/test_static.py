@@ -157,7 +157,8 @@ def test_dockerfile_base_and_install_rules():
 
 def test_dockerignore_keeps_what_the_image_copies():
     ignore = (REPO / "docker" / "Dockerfile.dockerignore").read_text()
-    for path in ("pyproject.toml", "README.md", "stapo/", "recipe/", "conf/", "launch/", "docker/entrypoint.sh"):
+    for path in ("pyproject.toml", "README.md", "stapo/", "recipe/", "conf/", "launch/", "docker/entrypoint.sh",
+                 "docker/check_image.py"):
         assert f"!{path}" in ignore, path
 
 

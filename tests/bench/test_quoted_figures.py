@@ -1,0 +1,219 @@
+"""Every figure results/README.md and README.md quote of a recorded comparison is recomputed here from the
+folder's ``comparison.json``, so a doc cannot quote what no file holds.
+
+Each entry of ``QUOTES`` is a piece of a doc with ``{}`` where a figure stands and the figures recomputed
+from the files; the doc must contain the piece with those figures filled in (line breaks aside). Rounding is Python's
+(``format``), as the tables are written. Fast: no trainer, reads the JSON in ``results/``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "results"
+R = "results/README.md"
+M = "README.md"
+
+
+@cache
+def load(folder: str) -> dict:
+    return json.loads((RESULTS / folder / "comparison.json").read_text(encoding="utf-8"))
+
+
+def group(folder: str, name: str) -> dict:
+    return next(g for g in load(folder)["groups"] if g["group"] == name)
+
+
+def paired_group(folder: str, name: str) -> dict:
+    return next(g for g in load(folder)["paired"]["groups"] if g["group"] == name)
+
+
+def num(value: float, digits: int, sign: bool = False) -> str:
+    text = f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
+    return text
+
+
+def stat(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = False) -> str:
+    """``mean ± se`` of a group's quantity, as comparison.md writes it."""
+    s = group(folder, name)["stats"][quantity]
+    return f"{num(s['mean'], digits, sign)} ± {s['se']:.{digits}f}"
+
+
+def mean(folder: str, name: str, quantity: str, digits: int = 3, scale: float = 1.0) -> str:
+    return num(scale * group(folder, name)["stats"][quantity]["mean"], digits)
+
+
+def paired(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = True) -> str:
+    d = paired_group(folder, name)["diff"][quantity]
+    return f"{num(d['mean'], digits, sign)} ± {d['se']:.{digits}f}"
+
+
+def t_value(folder: str, name: str, quantity: str, digits: int = 1) -> str:
+    d = paired_group(folder, name)["diff"][quantity]
+    return num(abs(d["mean"]) / d["se"], digits)
+
+
+def per_seed(folder: str, name: str, quantity: str, digits: int = 3) -> list[str]:
+    return [num(run[quantity], digits) for run in group(folder, name)["runs"]]
+
+
+def seed_deltas(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = True) -> list[float]:
+    base = {run["seed"]: run for run in group(folder, load(folder)["paired"]["baseline"])["runs"]}
+    return [run[quantity] - base[run["seed"]][quantity] for run in group(folder, name)["runs"]]
+
+
+def deltas(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = True) -> list[str]:
+    return [num(value, digits, sign) for value in seed_deltas(folder, name, quantity)]
+
+
+def entropy_at(folder: str, name: str, step: int, digits: int = 3) -> str:
+    trajectory = group(folder, name)["entropy_trajectory"]
+    return num(trajectory["mean"][trajectory["step"].index(step)], digits)
+
+
+def series(folder: str, name: str, seed: int, key: str, step: int, digits: int = 3) -> str:
+    run = next(run for run in group(folder, name)["runs"] if run["seed"] == seed)
+    return num(run["series"][key][str(step)], digits)
+
+
+def pct(folder: str, name: str, quantity: str, digits: int) -> str:
+    return mean(folder, name, quantity, digits, scale=100.0)
+
+
+TE, A8, TA, LH, S5, S60, SM = (
+    "testbed-two-epochs", "testbed-addition-8algos", "testbed-threshold-ablation", "testbed-long-horizon",
+    "testbed-addition-5seeds", "testbed-addition-60steps", "smollm2-arithmetic-4steps",
+)
+LR, RERUN = "testbed-lr5e-5", "testbed-lr5e-5/rerun-justrl-seed1"
+QUOTES = [
+    # README.md's summary of the recorded comparisons
+    (M, "held-out {}-{} at step 60 across the eight algorithms; {}-{} after 256 steps",
+     num(min(g["stats"]["final_acc"]["mean"] for g in load(A8)["groups"]), 3),
+     num(max(g["stats"]["final_acc"]["mean"] for g in load(A8)["groups"]), 3),
+     mean(LH, "algo=stapo", "final_acc"), mean(LH, "algo=grpo", "final_acc")),
+    (M, "CISPO falls behind at step 60 (held-out {} on 3 seeds", paired(TE, "algo=cispo", "final_acc")),
+    (M, "STAPO's silenced tokens, {} % of the tokens, carry {} % of the positive-advantage",
+     pct(A8, "algo=stapo", "mask_ratio", 3), pct(A8, "algo=stapo", "grad_share", 0)),
+    # docs/reproducibility.md: the same run on another kind of CPU
+    ("docs/reproducibility.md", "measured a greedy held-out pass rate of {}", num(json.loads(
+        (RESULTS / RERUN / "testbed-build.json").read_text(encoding="utf-8"))["heldout_pass_rate"]["greedy"], 3)),
+    ("docs/reproducibility.md", "step-1 entropy ({} against {}) and held-out {} at step 60 against the recorded {}",
+     num(group(RERUN, "algo=justrl")["runs"][0]["entropy_first"], 4),
+     num(group(LR, "algo=justrl")["runs"][0]["entropy_first"], 4),
+     num(group(RERUN, "algo=justrl")["runs"][0]["final_acc"], 3),
+     num(group(LR, "algo=justrl")["runs"][0]["final_acc"], 3)),
+    # testbed-two-epochs
+    (R, "| STAPO | {} | {} | {} |", paired(TE, "algo=stapo", "final_acc"), paired(TE, "algo=stapo", "late_reward"),
+     paired(TE, "algo=stapo", "entropy_last", 4)),
+    (R, "| CISPO | **{}** | {} | {} |", paired(TE, "algo=cispo", "final_acc"), paired(TE, "algo=cispo", "late_reward"),
+     paired(TE, "algo=cispo", "entropy_last", 4)),
+    (R, "| GSPO | {} | {} | {} |", paired(TE, "algo=gspo", "final_acc"), paired(TE, "algo=gspo", "late_reward"),
+     paired(TE, "algo=gspo", "entropy_last", 4)),
+    (R, "JustRL reaches {} held-out at step 60 against\n  {} with one pass", stat(TE, "algo=justrl", "final_acc"),
+     stat(A8, "algo=justrl", "final_acc")),
+    (R, "lower on all three seeds ({}, {}, {}; t = {} on 2 degrees of freedom)",
+     *deltas(TE, "algo=cispo", "final_acc"), t_value(TE, "algo=cispo", "final_acc")),
+    (R, "its training reward over the last 10 steps\n  too ({})", paired(TE, "algo=cispo", "late_reward")),
+    (R, "by {} (t = {}): a hint.", paired(TE, "algo=gspo", "late_reward"), t_value(TE, "algo=gspo", "late_reward")),
+    (R, "Its mask silences {} % of the tokens (as with one pass), which\n  carry {} %",
+     pct(TE, "algo=stapo", "mask_ratio", 4), pct(TE, "algo=stapo", "grad_share", 0)),
+    (R, "Its entropy is lower by\n  {} (t = {})", paired(TE, "algo=stapo", "entropy_last", 4, sign=False).lstrip("-"),
+     t_value(TE, "algo=stapo", "entropy_last")),
+    # testbed-addition-8algos
+    *[(R, f"| {label} | {n} | {{}} | {{}} | {{}} |", stat(A8, name, "final_acc"), stat(A8, name, "late_reward"),
+       stat(A8, name, "entropy_last"))
+      for label, name, n in (("JustRL", "algo=justrl", 5), ("DAPO", "algo=dapo", 3), ("Dr.GRPO", "algo=drgrpo", 3),
+                             ("GSPO", "algo=gspo", 3), ("CISPO", "algo=cispo", 3))],
+    (R, "| Dr.GRPO | {} | {} | {} |", paired(A8, "algo=drgrpo", "final_acc"), paired(A8, "algo=drgrpo", "late_reward"),
+     paired(A8, "algo=drgrpo", "entropy_last", 4)),
+    (R, "| GSPO | {} | {} | {} |", paired(A8, "algo=gspo", "final_acc"), paired(A8, "algo=gspo", "late_reward"),
+     paired(A8, "algo=gspo", "entropy_last", 4)),
+    (R, "**GSPO**: held-out {} is a hint (t = {} on 2 degrees of freedom", paired(A8, "algo=gspo", "final_acc"),
+     t_value(A8, "algo=gspo", "final_acc")),
+    # testbed-threshold-ablation
+    (R, "| held-out acc, 0.002 | {} | {} |", stat(TA, "tau_p=0.002,entropy_quantile=0.5", "final_acc"),
+     stat(TA, "tau_p=0.002,entropy_quantile=1.0", "final_acc")),
+    (R, "| held-out acc, 0.02 | {} | {} |", stat(TA, "tau_p=0.02,entropy_quantile=0.5", "final_acc"),
+     stat(TA, "tau_p=0.02,entropy_quantile=1.0", "final_acc")),
+    (R, "by {} and {} paired", paired(TA, "tau_p=0.02,entropy_quantile=0.5", "final_acc"),
+     paired(TA, "tau_p=0.02,entropy_quantile=1.0", "final_acc")),
+    (R, "STAPO's own cell reads {} over 5 seeds, and JustRL,\n  which silences nothing, {}",
+     stat(A8, "algo=stapo", "final_acc"), stat(A8, "algo=justrl", "final_acc")),
+    # testbed-long-horizon
+    (R, "| GRPO entropy | {} | {} | {} | {} | {} | {} |",
+     *[entropy_at(LH, "algo=grpo", s) for s in (1, 50, 100, 150, 200, 256)]),
+    (R, "| STAPO entropy | {} | {} | {} | {} | {} | {} |",
+     *[entropy_at(LH, "algo=stapo", s) for s in (1, 50, 100, 150, 200, 256)]),
+    (R, "training reward +{} (GRPO) and +{} (STAPO)", mean(LH, "algo=grpo", "late_reward"),
+     mean(LH, "algo=stapo", "late_reward")),
+    (R, "held-out accuracy {} and {} at step 256", mean(LH, "algo=grpo", "final_acc"),
+     mean(LH, "algo=stapo", "final_acc")),
+    (R, "{} % of the response tokens (against {} % in\n  the first 60 steps", pct(LH, "algo=stapo", "mask_ratio", 3),
+     pct(A8, "algo=stapo", "mask_ratio", 3)),
+    (R, "carrying {} % of the positive-advantage tokens'\n  gradient-norm bound over the run",
+     pct(LH, "algo=stapo", "grad_share", 1)),
+    # testbed-addition-5seeds
+    *[(R, f"| {label} | {{}} | {{}} | {{}} |", stat(S5, name, "final_acc"), stat(S5, name, "late_reward"),
+       stat(S5, name, "entropy_last"))
+      for label, name in (("STAPO", "algo=stapo"), ("GRPO", "algo=grpo"), ("20-Entropy", "algo=entropy20"))],
+    (R, "entropy at step 60 (from {})", mean(S5, "algo=justrl", "entropy_first")),
+    (R, "| STAPO | {} | {} | {} |", paired(S5, "algo=stapo", "final_acc"), paired(S5, "algo=stapo", "late_reward"),
+     paired(S5, "algo=stapo", "entropy_last", 4)),
+    (R, "| GRPO | {} | {} | {} |", paired(S5, "algo=grpo", "final_acc"), paired(S5, "algo=grpo", "late_reward"),
+     paired(S5, "algo=grpo", "entropy_last", 4)),
+    (R, "| 20-Entropy | {} | **{}** | **{}** |", paired(S5, "algo=entropy20", "final_acc"),
+     paired(S5, "algo=entropy20", "late_reward"), paired(S5, "algo=entropy20", "entropy_last", 4)),
+    (R, "last 10 steps (t = {} on 4 degrees of freedom)", t_value(S5, "algo=entropy20", "late_reward")),
+    (R, "GRPO's entropy is lower by {} (t = {})", paired(S5, "algo=grpo", "entropy_last", 4).lstrip("-"),
+     t_value(S5, "algo=grpo", "entropy_last")),
+    (R, "the S2T mask silenced {} % of the response tokens", pct(S5, "algo=stapo", "mask_ratio", 3)),
+    (R, "{} % ± {} % of the positive-advantage tokens' bound", pct(S5, "algo=stapo", "grad_share", 0),
+     num(100 * group(S5, "algo=stapo")["stats"]["grad_share"]["se"], 1)),
+    # testbed-addition-60steps
+    (R, "| STAPO | {} / {} | {} | {} | {}e-4 / {}e-4 |", *per_seed(S60, "algo=stapo", "final_acc"),
+     stat(S60, "algo=stapo", "final_acc"), paired(S60, "algo=stapo", "final_acc"),
+     *[num(1e4 * r["mask_ratio"], 1) for r in group(S60, "algo=stapo")["runs"]]),
+    (R, "| GRPO | {} / {} | {} |", *per_seed(S60, "algo=grpo", "final_acc"), stat(S60, "algo=grpo", "final_acc")),
+    (R, "| 20-Entropy | {} / {} | {} | {} |", *per_seed(S60, "algo=entropy20", "final_acc"),
+     stat(S60, "algo=entropy20", "final_acc"), paired(S60, "algo=entropy20", "final_acc")),
+    (R, "is {} and {} of 512 held-out samples",
+     *[str(round(512 * d)) for d in seed_deltas(S60, "algo=stapo", "final_acc")]),
+    # smollm2-arithmetic-4steps
+    (R, "| GRPO | {} / {} / {} | {} |", *per_seed(SM, "algo=grpo", "final_acc"), stat(SM, "algo=grpo", "final_acc")),
+    (R, "| STAPO | {} / {} / {} | {} | {} | {} % / {} % / {} % |", *per_seed(SM, "algo=stapo", "final_acc"),
+     stat(SM, "algo=stapo", "final_acc"), paired(SM, "algo=stapo", "final_acc"),
+     *[num(100 * r["mask_ratio"], 2) for r in group(SM, "algo=stapo")["runs"]]),
+    (R, "| 20-Entropy | {} / {} / {} | {} | {} |", *per_seed(SM, "algo=entropy20", "final_acc"),
+     stat(SM, "algo=entropy20", "final_acc"), paired(SM, "algo=entropy20", "final_acc")),
+    (R, "is {}, {} and {} problems fewer on seeds 1, 2 and 3",
+     *[str(round(-64 * d)) for d in seed_deltas(SM, "algo=stapo", "final_acc")]),
+    (R, "that is t = {} on 2 degrees of freedom", t_value(SM, "algo=stapo", "final_acc")),
+    (R, "The runs took {}-{} min each", *[str(round(f(r["wall_s"] for g in load(SM)["groups"] for r in g["runs"]) / 60))
+                                          for f in (min, max)]),
+]
+
+
+def _id(entry) -> str:
+    return entry[1].replace("{}", "_")[:60]
+
+
+@pytest.mark.parametrize("entry", QUOTES, ids=[_id(e) for e in QUOTES])
+def test_a_quoted_figure_is_the_one_its_file_holds(entry):
+    doc, text, *figures = entry
+    # compared with runs of white space as one space: a figure may be wrapped onto the next line
+    expected = " ".join(text.format(*figures).split())
+    content = " ".join((REPO / doc).read_text(encoding="utf-8").split())
+    assert expected in content, f"{doc} should say {expected!r}, recomputed from results/*/comparison.json"
+
+
+def test_the_folders_recorded_before_the_like_with_like_rules_trained_every_run_to_the_same_step():
+    """results/README.md says so of the folders that cannot be regenerated: their final columns compare like
+    with like because every run reached the configured last step."""
+    for folder in (TE, A8, TA, LH, S5, S60, SM):
+        steps = {n for g in load(folder)["groups"] for n in g["steps_trained"]}
+        assert len(steps) == 1, (folder, steps)
