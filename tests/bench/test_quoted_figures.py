@@ -89,7 +89,7 @@ TE, A8, TA, LH, S5, S60, SM = (
     "testbed-two-epochs", "testbed-addition-8algos", "testbed-threshold-ablation", "testbed-long-horizon",
     "testbed-addition-5seeds", "testbed-addition-60steps", "smollm2-arithmetic-4steps",
 )
-LR, RERUN = "testbed-lr5e-5", "testbed-lr5e-5/rerun-justrl-seed1"
+LR, RERUN = "testbed-lr5e-5", "testbed-lr5e-5-replication"
 QUOTES = [
     # README.md's summary of the recorded comparisons
     (M, "held-out {}-{} at step 60 across the eight algorithms; {}-{} after 256 steps",
@@ -107,6 +107,42 @@ QUOTES = [
      num(group(LR, "algo=justrl")["runs"][0]["entropy_first"], 4),
      num(group(RERUN, "algo=justrl")["runs"][0]["final_acc"], 3),
      num(group(LR, "algo=justrl")["runs"][0]["final_acc"], 3)),
+    # testbed-lr5e-5 and its replication
+    (R, "| JustRL held-out acc, step 60 | {} | {} |", stat(LR, "algo=justrl", "final_acc"),
+     stat(RERUN, "algo=justrl", "final_acc")),
+    (R, "| STAPO held-out acc, step 60 | {} | {} |", stat(LR, "algo=stapo", "final_acc"),
+     stat(RERUN, "algo=stapo", "final_acc")),
+    (R, "| paired Δ held-out, step 60 | {} | {} |", paired(LR, "algo=stapo", "final_acc"),
+     paired(RERUN, "algo=stapo", "final_acc")),
+    (R, "| paired Δ best held-out (steps 20, 40, 60) | withdrawn (below) | {} |",
+     paired(RERUN, "algo=stapo", "best_acc")),
+    (R, "| paired Δ train reward, last 10 steps | {} | {} |", paired(LR, "algo=stapo", "late_reward"),
+     paired(RERUN, "algo=stapo", "late_reward")),
+    (R, "| paired Δ entropy, step 60 | {} | {} |", paired(LR, "algo=stapo", "entropy_last", 4),
+     paired(RERUN, "algo=stapo", "entropy_last", 4)),
+    (R, "of {} as the one that passes two standard errors", paired(LR, "algo=stapo", "best_acc")),
+    (R, "seeds 4 and 5 have the same best in both groups ({} and\n  {})",
+     *[num(run["best_acc"], 3) for run in group(LR, "algo=justrl")["runs"][3:]]),
+    (R, "The replication's best held-out of the trained steps is {}", paired(RERUN, "algo=stapo", "best_acc")),
+    (R, "(replication: {} at step 0, {} for JustRL at\n  step 60, against {} at lr 1e-5",
+     stat(RERUN, "algo=justrl", "initial_acc"), stat(RERUN, "algo=justrl", "final_acc"),
+     stat(A8, "algo=justrl", "final_acc")),
+    (R, "(original {} -> {})", mean(LR, "algo=justrl", "entropy_first"), mean(LR, "algo=justrl", "entropy_last")),
+    (R, "JustRL's seed 3 in the replication reads {} at step 40 ({}\n  at step 20, {} at step 60); STAPO's seed 3 "
+        "reads {} there", series(RERUN, "algo=justrl", 3, "held_out_acc", 40),
+     series(RERUN, "algo=justrl", 3, "held_out_acc", 20), series(RERUN, "algo=justrl", 3, "held_out_acc", 60),
+     series(RERUN, "algo=stapo", 3, "held_out_acc", 40)),
+    (R, "(seed 2:\n  {} at step 40, {} at step 60)", series(RERUN, "algo=stapo", 2, "held_out_acc", 40),
+     series(RERUN, "algo=stapo", 2, "held_out_acc", 60)),
+    (R, "(held-out\n  {}, {}, {}, {}, {}; training reward {}, {}, {}, {}, {})", *deltas(LR, "algo=stapo", "final_acc"),
+     *deltas(LR, "algo=stapo", "late_reward", 2)),
+    (R, "It silenced {} % of the response tokens in the original\n  and {} % in the replication (on {}, {} and {} "
+        "of a run's 60 steps)", pct(LR, "algo=stapo", "mask_ratio", 3), pct(RERUN, "algo=stapo", "mask_ratio", 3),
+     *[str(sum(1 for v in run["series"]["num_spurious"].values() if v > 0))
+       for run in group(RERUN, "algo=stapo")["runs"]]),
+    (R, "carrying {} % ± {} % and\n  {} % ± {} % of the positive-advantage", pct(LR, "algo=stapo", "grad_share", 1),
+     num(100 * group(LR, "algo=stapo")["stats"]["grad_share"]["se"], 1), pct(RERUN, "algo=stapo", "grad_share", 1),
+     num(100 * group(RERUN, "algo=stapo")["stats"]["grad_share"]["se"], 1)),
     # testbed-two-epochs
     (R, "| STAPO | {} | {} | {} |", paired(TE, "algo=stapo", "final_acc"), paired(TE, "algo=stapo", "late_reward"),
      paired(TE, "algo=stapo", "entropy_last", 4)),
