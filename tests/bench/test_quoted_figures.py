@@ -34,8 +34,7 @@ def paired_group(folder: str, name: str) -> dict:
 
 
 def num(value: float, digits: int, sign: bool = False) -> str:
-    text = f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
-    return text
+    return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
 def stat(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = False) -> str:
@@ -62,7 +61,8 @@ def per_seed(folder: str, name: str, quantity: str, digits: int = 3) -> list[str
     return [num(run[quantity], digits) for run in group(folder, name)["runs"]]
 
 
-def seed_deltas(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = True) -> list[float]:
+def seed_deltas(folder: str, name: str, quantity: str) -> list[float]:
+    """Per seed, the group's value minus the paired baseline's."""
     base = {run["seed"]: run for run in group(folder, load(folder)["paired"]["baseline"])["runs"]}
     return [run[quantity] - base[run["seed"]][quantity] for run in group(folder, name)["runs"]]
 
