@@ -65,9 +65,14 @@ def write_record(run, **fields) -> None:
 def earlier_segments(run_dir: Path) -> list[float]:
     """The seconds of the run's earlier, unfinished segments, before it is started again (it resumes from its
     checkpoint, so they are part of its wall time); none when the folder holds no metrics (a fresh start)."""
-    record = read_record(run_dir)
     if not metric_segments(run_dir) and not wandb_files(run_dir):
         return []
+    return recorded_segments(read_record(run_dir))
+
+
+def recorded_segments(record: dict) -> list[float]:
+    """A sweep record's segment times: ``segments_s``, or for a record from before segments were kept its
+    ``seconds``; none when the sweep did not time the run."""
     if record.get("segments_s") is not None:
         return [float(s) for s in record["segments_s"]]
     return [float(record["seconds"])] if record.get("seconds") is not None else []

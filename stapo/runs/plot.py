@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.rundir import ENTROPY_KEYS
-from stapo.runs.compare import ComparisonError, add_step_option
+from stapo.runs.compare import ComparisonError, add_step_option, write_comparison
 from stapo.runs.folder import RunData, group_runs, load_run, read_run_metrics
 from stapo.runs.stats import mean_se
 from stapo.validation import did_you_mean
@@ -195,8 +195,6 @@ def plot_groups(
 ) -> list[Path]:
     """comparison.md / comparison.json (mean +- s.e. per group, stapo.runs.compare) and the grouped figures.
     A comparison that would mislead (two runs of one seed in a group) is refused before anything is drawn."""
-    from stapo.runs.compare import write_comparison
-
     groups = group_runs([load_run(path, group_by) for path in run_dirs])
     write_comparison(groups, out_dir, {"run_dirs": [str(p) for p in run_dirs]}, at_shared_step=at_shared_step)
     written = draw_groups(groups, out_dir)

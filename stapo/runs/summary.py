@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from stapo.eval.val_metrics import benchmark_val_metrics
 from stapo.rundir import ENTROPY_TOKEN_MEAN, VERL_ENTROPY
-from stapo.runs.folder import STEP_TIME, RunData, config_value
+from stapo.runs.folder import STEP_TIME, RunData, config_value, recorded_segments
 
 ACC = "val/average/acc"
 # verl aggregates actor/entropy over tokens with the actor's loss_agg_mode: only "token-mean" is the mean
@@ -134,9 +134,7 @@ def wall_seconds(run: RunData, at: int, whole_runs: bool) -> float | None:
     """``whole_runs`` (every compared run ran to the end at ``at``): the sweep's clock over every segment of the
     run, start-up included; otherwise, or for a run the sweep did not time, the logged step times up to ``at``
     (one measure for every run of a comparison)."""
-    segments = run.record.get("segments_s")
-    if segments is None and run.record.get("seconds") is not None:
-        segments = [run.record["seconds"]]
+    segments = recorded_segments(run.record)
     if segments and whole_runs:
         return float(math.fsum(segments))
     timing = up_to(key_series(run.steps, STEP_TIME), at)
