@@ -62,6 +62,7 @@ class PassCost:
     head_s_per_token: float  # verl logprobs_from_logits + entropy_from_logits over the logits
     achieved_flops: float  # FLOP/s of the network part
     spread: float
+    head_ops: str = "verl's `logprobs_from_logits` + `entropy_from_logits`"
 
     @property
     def s_per_token(self) -> float:
@@ -72,7 +73,8 @@ def measure(
     tokens: int = 1024, repeats: int = 3, device: torch.device | str = "cpu", cfg: dict | None = None
 ) -> PassCost:
     from transformers import Qwen3Config, Qwen3ForCausalLM
-    from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+
+    head_ops, logprobs_from_logits, entropy_from_logits = head_functions()
 
     cfg = dict(cfg or MEASURED)
     device = torch.device(device)
@@ -109,7 +111,25 @@ def measure(
         head_s_per_token=statistics.median(head) / tokens,
         achieved_flops=flops / net,
         spread=(max(total) - min(total)) / statistics.median(total),
+        head_ops=head_ops,
     )
+
+
+def head_functions():
+    """verl's head ops; where verl is not installed (the lent GPU machines have torch only), the same two
+    quantities by plain torch (log_softmax + gather, logsumexp - sum softmax * logits), named as such."""
+    try:
+        from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+    except ImportError:
+
+        def logprobs_from_logits(logits, labels):
+            return torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+        def entropy_from_logits(logits):
+            return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+
+        return "plain torch log_softmax + entropy (verl not installed)", logprobs_from_logits, entropy_from_logits
+    return PassCost.head_ops, logprobs_from_logits, entropy_from_logits
 
 
 def batch_estimate(cost: PassCost, lengths: list[int], prompt_len: int) -> dict[str, float]:

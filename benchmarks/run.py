@@ -107,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{'s' if args.threads > 1 else ''}), device {info['device']}, GPU: {info['gpu']}. "
             f"Load average before / after: {load_before} / {load_average()}."
         )
-        print(f"\n## {bench.TITLE}\n\n{header}\n\n{body}\n", flush=True)
-        sections[name] = section(name, bench.TITLE, body, header)
+        # a GPU run gets sections of its own (``mask@cuda``) beside the CPU figures instead of replacing them
+        key, title = name, bench.TITLE
+        if device.type != "cpu":
+            key, title = f"{name}@{device.type}", f"{title} ({device.type})"
+        print(f"\n## {title}\n\n{header}\n\n{body}\n", flush=True)
+        sections[key] = section(key, title, body, header)
         dump[name] = rows
     if args.json:
         args.json.write_text(json.dumps(dump, indent=1, default=str))
