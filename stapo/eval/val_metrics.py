@@ -20,7 +20,8 @@ Wiring (the recipe's v1 trainer subclass)::
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
 
@@ -62,4 +63,32 @@ def benchmark_val_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
     pool = paper or [value for _, value in best.values()]
     if pool:
         out["val/average/acc"] = sum(pool) / len(pool)
+    return out
+
+
+# The reward's 0/1 flags (stapo.reward.boxed): their mean over the samples is the figure; verl's bootstrap
+# of best@k / worst@k for each (1,000 resamples per prompt, key and k, in numpy) says nothing about a flag and
+# was half the driver's time in a testbed validation (BENCHMARKS.md, testbed step profile)
+FLAG_KEYS = ("has_answer", "has_ground_truth", "checker_strict", "checker_math_verify", "checker_timeout")
+
+
+def flag_means(data_sources: Sequence, sample_uids: Sequence, infos: Mapping[str, Sequence]) -> dict[str, float]:
+    """``val-aux/<data_source>/<flag>/mean@<n>`` and ``std@<n>`` for each flag in ``infos``: the mean over prompts
+    of each prompt's mean and (population) standard deviation, as verl's ``mean@n`` and ``std@n`` (``n``: the most
+    samples a prompt has, as verl names it)."""
+    out = {}
+    for key in (k for k in FLAG_KEYS if k in infos):
+        per_prompt: dict[tuple, list[float]] = defaultdict(list)
+        for source, uid, value in zip(data_sources, sample_uids, infos[key]):
+            if value is not None:
+                per_prompt[(str(source), str(uid))].append(float(value))
+        by_source: dict[str, list[list[float]]] = defaultdict(list)
+        for (source, _), values in per_prompt.items():
+            by_source[source].append(values)
+        for source, prompts in by_source.items():
+            n = max(len(values) for values in prompts)
+            means = [sum(v) / len(v) for v in prompts]
+            stds = [(sum((x - m) ** 2 for x in v) / len(v)) ** 0.5 for v, m in zip(prompts, means)]
+            out[f"val-aux/{source}/{key}/mean@{n}"] = sum(means) / len(prompts)
+            out[f"val-aux/{source}/{key}/std@{n}"] = sum(stds) / len(prompts)
     return out

@@ -316,6 +316,11 @@ def _check_recipe_keys(config) -> None:
     timeout = OmegaConf.select(config, "stapo.weight_sync_timeout_s", default=DEFAULT_TIMEOUT_S)
     if isinstance(timeout, bool) or not is_finite_number(timeout) or timeout <= 0:
         raise STAPOConfigError(f"stapo.weight_sync_timeout_s must be a number of seconds > 0, got {timeout!r}")
+    from stapo.verl_plugin.cpu.rollout import BATCH_CHOICES
+
+    batching = OmegaConf.select(config, "stapo.hf_rollout_batch", default=BATCH_CHOICES[0])
+    if batching not in BATCH_CHOICES:
+        raise STAPOConfigError(f"stapo.hf_rollout_batch must be one of {list(BATCH_CHOICES)}, got {batching!r}")
     for key, check in (("tau_p", check_tau_p), ("q", check_entropy_quantile)):
         values = OmegaConf.select(config, f"stapo.ablation.{key}", default=[]) or []
         if isinstance(values, str) or not hasattr(values, "__iter__"):

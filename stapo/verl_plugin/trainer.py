@@ -28,6 +28,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import finalize_metrics, get_token_mask
 from stapo.verl_plugin.actor_worker import STAPOActorWorker
+from stapo.verl_plugin.cpu.rollout import announce_submissions
 from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
 from stapo.verl_plugin.driver_diagnostics import DriverDiagnostics
 from stapo.verl_plugin.losses import (
@@ -161,6 +162,13 @@ class STAPOTrainer(PPOTrainerSync):
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
         self.actor_rollout_wg.set_loss_fn(STAPOLossFn(actor_config))
 
+    def fit(self, agent_loop_manager):
+        """verl's loop; on the CPU back-end's HF server, each submission announced so it decodes as one batch."""
+        if announce_submissions(agent_loop_manager, self.config):
+            print("HF rollout: each submission of prompts decodes as one batch (stapo.hf_rollout_batch=submission)",
+                  flush=True)
+        return super().fit(agent_loop_manager)
+
     def on_init_end(self):
         """verl's first weight sync (after a checkpoint is loaded), from here on with a deadline."""
         timeout_s = self.config.get("stapo", {}).get("weight_sync_timeout_s", DEFAULT_TIMEOUT_S)
@@ -186,10 +194,13 @@ class STAPOTrainer(PPOTrainerSync):
         metrics.update(update_metrics)
         return batch
 
-    def _val_metrics_update(self, *args, **kwargs) -> dict[str, float]:
-        """verl's validation metrics plus ``val/<benchmark>/acc`` and ``val/average/acc``."""
-        from stapo.eval.val_metrics import benchmark_val_metrics
+    def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs):
+        """verl's validation metrics plus ``val/<benchmark>/acc`` and ``val/average/acc``; the reward's 0/1 flags
+        get their means here instead of verl's bootstrap (stapo.eval.val_metrics.FLAG_KEYS)."""
+        from stapo.eval.val_metrics import FLAG_KEYS, benchmark_val_metrics, flag_means
 
-        metrics = super()._val_metrics_update(*args, **kwargs)
+        infos = {key: values for key, values in reward_extra_infos_dict.items() if key not in FLAG_KEYS}
+        metrics = super()._val_metrics_update(data_sources, sample_uids, infos, *args, **kwargs)
+        metrics.update(flag_means(data_sources, sample_uids, reward_extra_infos_dict))
         metrics.update(benchmark_val_metrics(metrics))
         return metrics

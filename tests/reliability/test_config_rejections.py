@@ -79,6 +79,7 @@ REJECTED = [
      f"{ROLLOUT}.enable_sleep_mode must be false with rollout.name=vllm on trainer.device=cpu"),
     ([f"{ROLLOUT}.name=sglang"], f"{ROLLOUT}.name=sglang needs GPUs but trainer.device=cpu"),
     (["stapo.weight_sync_timeout_s=0"], "stapo.weight_sync_timeout_s must be a number of seconds > 0, got 0"),
+    (["stapo.hf_rollout_batch=all"], "stapo.hf_rollout_batch must be one of ['submission', 'group'], got 'all'"),
     # batch sizes (tiny: 4 prompts x 8 responses, mini-batch 4, micro 8, log-prob micro 16, one rank)
     (["data.train_batch_size=6"], f"data.train_batch_size (6) must be a multiple of {MINI} (4)"),
     ([f"{MINI}=8"], f"data.train_batch_size (4) must be a multiple of {MINI} (8)"),

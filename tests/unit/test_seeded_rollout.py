@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from stapo.verl_plugin.cpu.sampling import Sampling, filter_logits, sample_group
+from stapo.verl_plugin.cpu.sampling import Sampling, filter_logits, sample_batch, sample_group
 from stapo.verl_plugin.seeding import request_seed, seed_for_request
 
 EOS = 1
@@ -195,6 +195,43 @@ def test_group_rows_match_one_sample_recomputed_alone(model_dir, rows):
         assert len(lengths) > 1  # the case that matters: rows of different lengths in one batch
 
 
+PROMPTS = ([5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16, 17], [9, 10])  # three lengths, one prompt twice
+
+
+def test_a_batch_of_several_prompts_matches_each_row_recomputed_alone(model_dir):
+    """Left-padded prompts of three lengths in one batch: every row's tokens are the ones it samples alone without
+    a KV cache, its log-probs equal to rounding, and rows of one prompt share its encoding."""
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    eos_ids = list(range(1, 9))
+    sampling = Sampling(temperature=1.0, top_k=30, max_tokens=10, logprobs=True)
+    prompts = [list(p) for p in PROMPTS for _ in range(3)]
+    seeds = [request_seed(1, 1, f"p{i}", "s0") for i in range(len(prompts))]
+    results = sample_batch(model, prompts, sampling, seeds, eos_ids)
+    lengths = set()
+    for prompt, seed, (tokens, log_probs, stop) in zip(prompts, seeds, results):
+        expected_tokens, expected_log_probs = _reference_row(model, prompt, seed, 30, 10, eos_ids)
+        assert tokens == expected_tokens
+        assert log_probs == pytest.approx(expected_log_probs, abs=1e-5)
+        assert stop == ("completed" if tokens[-1] in eos_ids else "length")
+        lengths.add(len(tokens))
+    assert len(lengths) > 1
+
+
+def test_a_batchs_rows_do_not_depend_on_their_order(model_dir):
+    """The server hands rows over in arrival order's sort; what each row computes is the same in any order,
+    bit for bit (the distinct prompts are encoded in sorted order whatever the rows' order)."""
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    sampling = Sampling(temperature=1.0, max_tokens=8, logprobs=True)
+    prompts = [list(p) for p in PROMPTS for _ in range(2)]
+    seeds = [request_seed(2, 1, f"p{i}", "s0") for i in range(len(prompts))]
+    forward = sample_batch(model, prompts, sampling, seeds, [EOS])
+    order = list(reversed(range(len(prompts))))
+    backward = sample_batch(model, [prompts[i] for i in order], sampling, [seeds[i] for i in order], [EOS])
+    assert [backward[order.index(i)] for i in range(len(prompts))] == forward
+    with pytest.raises(ValueError, match="one of each per row"):
+        sample_batch(model, prompts, sampling, seeds[:-1], [EOS])
+
+
 def _group_request(server, prompt, key, size, index, temperature=1.0):
     params = {
         "temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True,
@@ -220,6 +257,48 @@ def test_server_generates_a_group_as_one_batch_whatever_the_arrival_order(server
         assert first[i].token_ids == second[i].token_ids == direct[i][0]
         assert first[i].log_probs == second[i].log_probs == direct[i][1]
     assert not server._groups  # nothing left waiting
+
+
+def test_an_announced_submission_decodes_as_one_batch_whatever_the_arrival_order(server):
+    """The trainer announces 3 prompts x 2 samples plus one greedy request (another sampling setting, its own
+    batch); groups announced by the agent loop are taken into the submission's batch. Every request gets the
+    row that sample_batch computes for the submission in batch order, whatever order the requests came in."""
+    prompts = {"a": [3, 4, 5, 6, 7], "b": [9, 10], "c": [11, 12, 13]}
+    requests = [(key, prompt, i) for key, prompt in prompts.items() for i in range(2)]
+
+    async def arrive(order):
+        await server.expect_batch(len(requests) + 1)
+        calls = [_group_request(server, requests[k][1], requests[k][0], 2, requests[k][2]) for k in order]
+        greedy = _generate(server, [3, 4, 5], None, temperature=0)
+        results = await asyncio.gather(*calls[:3], greedy, *calls[3:])
+        sampled = results[:3] + results[4:]
+        return {order[k]: sampled[k] for k in range(len(order))}, results[3]
+
+    (first, greedy_1), (second, greedy_2) = asyncio.run(arrive(list(range(6)))), asyncio.run(arrive([5, 2, 0, 4, 1, 3]))
+    sampling = Sampling(temperature=1.0, max_tokens=12, logprobs=True)
+    seeds = [request_seed(1, 1, key, f"s{i}") for key, _, i in requests]
+    direct = sample_batch(server.model, [prompt for _, prompt, _ in requests], sampling, seeds, server.eos_ids)
+    for k in range(len(requests)):
+        assert first[k].token_ids == second[k].token_ids == direct[k][0]
+        assert first[k].log_probs == second[k].log_probs == direct[k][1]
+    assert greedy_1.token_ids == greedy_2.token_ids
+    assert not server._batches and not server._groups  # nothing left waiting
+
+
+def test_a_submission_that_never_fills_fails_its_requests(server, monkeypatch):
+    import stapo.verl_plugin.cpu.rollout as rollout
+
+    monkeypatch.setattr(rollout, "GROUP_WAIT_S", 0.2)
+
+    async def short():
+        await server.expect_batch(3)
+        return await asyncio.gather(_generate(server, [3, 4], 1), _generate(server, [3, 5], 2))
+
+    with pytest.raises(RuntimeError, match="2 of the 3 requests the trainer announced arrived"):
+        asyncio.run(short())
+    assert not server._batches
+    with pytest.raises(ValueError, match="a submission of 0 rows"):
+        asyncio.run(server.expect_batch(0))
 
 
 def test_server_refuses_inconsistent_groups(server, monkeypatch):

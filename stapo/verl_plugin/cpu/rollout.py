@@ -8,15 +8,19 @@ Pieces, in verl's own terms (hybrid mode: actor and rollout share the worker pro
 - ``HFGenerationServer`` generates the n samples of a prompt together (one batch whose composition
   is fixed by the group, never by timing) from per-request seeds (reproducible, see
   docs/reproducibility.md) and returns raw-logit log-probs, so rollout and actor log-probs can be
-  compared.
+  compared. When the trainer announces a submission's row count (``announce_submissions``, one
+  server only), every request of the submission decodes in ONE batch instead: a step's 8 groups, or
+  a validation's 64, cost one forward per token instead of one per group.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +31,8 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from stapo.models.generation import generation_ids
-from stapo.verl_plugin.cpu.sampling import Sampling, sample_group
+from stapo.verl_plugin.cpu.sampling import Sampling, sample_batch, sample_group
+from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +42,8 @@ GROUP_PARAM = "stapo_group"
 # the n requests of a group are created together by verl's agent loop worker; one that has not
 # arrived after this long never will (a per-prompt n the agent loop could not see), so fail loudly
 GROUP_WAIT_S = 300.0
+# stapo.hf_rollout_batch: a trainer submission's requests as one batch, or each prompt's group on its own
+BATCH_CHOICES = ("submission", "group")
 
 
 @dataclass
@@ -49,6 +56,24 @@ class _PendingGroup:
     seeds: dict[int, int | None] = field(default_factory=dict)
     futures: dict[int, asyncio.Future] = field(default_factory=dict)
     complete: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _PendingBatch:
+    """An announced submission: its row count and the requests that have arrived, in arrival order."""
+
+    rows: int
+    requests: list[tuple[list[int], Sampling, int | None, asyncio.Future]] = field(default_factory=list)
+
+
+def batch_order(requests: list[tuple[list[int], Sampling, int | None, Any]]) -> list[int]:
+    """The rows' decode order: by sampling settings, prompt and seed, so never by arrival (ties are the same
+    request twice, whose results are equal)."""
+    def key(i: int):
+        prompt, sampling, seed, _ = requests[i]
+        return dataclasses.astuple(sampling), prompt, -1 if seed is None else seed
+
+    return sorted(range(len(requests)), key=key)
 
 
 def server_name(replica_rank: int, suffix: str = "") -> str:
@@ -87,6 +112,7 @@ class HFGenerationServer:
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="stapo_hf")
         self._warned_unseeded = False
         self._groups: dict[str, _PendingGroup] = {}
+        self._batches: deque[_PendingBatch] = deque()
 
     async def launch_server(self):
         return True
@@ -112,12 +138,20 @@ class HFGenerationServer:
     async def set_global_steps(self, global_steps: int):
         self.global_steps = global_steps
 
+    async def expect_batch(self, rows: int) -> None:
+        """The next ``rows`` requests are one submission: decode them as one batch (see the module docstring)."""
+        if rows < 1:
+            raise ValueError(f"HF rollout: a submission of {rows} rows")
+        self._batches.append(_PendingBatch(int(rows)))
+
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs):
         params = dict(sampling_params)
         group = params.pop(GROUP_PARAM, None)
         sampling = self.sampling(prompt_ids, params)
         seed = self._seed(request_id, params.get("seed"), sampling)
-        if group is None or int(group["size"]) == 1:
+        if self._batches:
+            tokens, log_probs, stop = await self._generate_in_batch(list(prompt_ids), sampling, seed)
+        elif group is None or int(group["size"]) == 1:
             tokens, log_probs, stop = (await self._sample(list(prompt_ids), sampling, [seed]))[0]
         else:
             tokens, log_probs, stop = await self._generate_in_group(group, list(prompt_ids), sampling, seed)
@@ -176,6 +210,39 @@ class HFGenerationServer:
             raise
         for i, result in zip(order, results):
             pending.futures[i].set_result(result)
+        return await future
+
+    async def _generate_in_batch(self, prompt_ids: list[int], sampling: Sampling, seed: int | None):
+        """Join the announced submission; its last request decodes all of them (one batch per sampling
+        setting, in :func:`batch_order`) and hands every request its row."""
+        batch = self._batches[0]
+        future = asyncio.get_running_loop().create_future()
+        batch.requests.append((prompt_ids, sampling, seed, future))
+        if len(batch.requests) < batch.rows:
+            try:  # the timeout covers the wait for the submission's other requests only
+                return await asyncio.wait_for(asyncio.shield(future), timeout=GROUP_WAIT_S)
+            except asyncio.TimeoutError:
+                if self._batches and self._batches[0] is batch:
+                    self._batches.popleft()
+                raise RuntimeError(
+                    f"HF rollout: {len(batch.requests)} of the {batch.rows} requests the trainer announced arrived in "
+                    f"{GROUP_WAIT_S:.0f} s"
+                ) from None
+        self._batches.popleft()
+        order = batch_order(batch.requests)
+        try:
+            for setting in dict.fromkeys(batch.requests[i][1] for i in order):
+                rows = [i for i in order if batch.requests[i][1] == setting]
+                run = (sample_batch, self.model, [batch.requests[i][0] for i in rows], setting,
+                       [batch.requests[i][2] for i in rows], self.eos_ids)
+                results = await asyncio.get_running_loop().run_in_executor(self._pool, *run)
+                for i, result in zip(rows, results):
+                    batch.requests[i][3].set_result(result)
+        except Exception as exc:  # every waiting request of the submission sees the failure
+            for *_, waiting in batch.requests:
+                if not waiting.done():
+                    waiting.set_exception(exc)
+            raise
         return await future
 
     def sampling(self, prompt_ids: list[int], params: dict[str, Any]) -> Sampling:
@@ -243,6 +310,45 @@ class HFReplica(RolloutReplica):
         self.servers.append(server)
         self._server_handle = server
         self._server_address = "127.0.0.1:0"
+
+
+def announce_submissions(agent_loop_manager, config) -> bool:
+    """Driver side: before verl's agent loop manager dispatches a submission (a step's prompts, a validation
+    batch), tell the HF server how many requests it will get, so it decodes them as one batch.
+
+    Only with ``stapo.hf_rollout_batch=submission`` (the default) and one server: with several, verl's load
+    balancer splits a submission by timing. Returns whether
+    the manager was wrapped. The count is one request per sample: ``__rollout_n__`` per prompt where the batch
+    has it, else ``rollout.n`` (``val_kwargs.n`` for validation).
+    """
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != ROLLOUT_NAME or rollout.agent.default_agent_loop != AGENT_LOOP_NAME:
+        return False  # another loop may send several requests a sample (multi-turn, tools)
+    if (config.get("stapo", None) or {}).get("hf_rollout_batch", BATCH_CHOICES[0]) != "submission":
+        return False
+    try:
+        server = ray.get_actor(server_name(0))
+    except ValueError:
+        return False
+    try:
+        ray.get_actor(server_name(1))
+        return False
+    except ValueError:
+        pass
+    dispatch = agent_loop_manager.generate_sequences
+
+    def generate_sequences(prompts):
+        if "__rollout_n__" in prompts.keys():
+            counts = prompts["__rollout_n__"]
+            rows = sum(int(n) for n in (counts.tolist() if hasattr(counts, "tolist") else counts))
+        else:
+            validate = "validate" in prompts.keys() and bool(getattr(prompts["validate"], "data", prompts["validate"]))
+            rows = len(prompts) * int(rollout.val_kwargs.n if validate else rollout.n)
+        ray.get(server.expect_batch.remote(rows))
+        return dispatch(prompts)
+
+    agent_loop_manager.generate_sequences = generate_sequences
+    return True
 
 
 class HFServerAdapter(BaseRollout):

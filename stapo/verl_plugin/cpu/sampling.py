@@ -1,14 +1,15 @@
-"""Seeded token sampling for the HF rollout: one prompt, one KV cache, one ``torch.Generator`` per sample.
+"""Seeded token sampling for the HF rollout: one KV cache per batch, one ``torch.Generator`` per sample.
 
 Why not HF ``generate()`` on whatever batch arrived: it samples from the process-wide RNG, so a
 request's tokens depend on every draw made before it, and a batched forward pass computes each row
 with kernels chosen for the batch's shape (rows, padded width), so its logits can differ in the last
-bits with the company it keeps. Here a forward pass only ever holds the samples of ONE prompt (a
-GRPO group, or a single request): the prompt is encoded once, its KV cache is repeated for the
-group's rows, and each row is drawn from its own generator. The batch's composition is then fixed
-by the group itself (same prompt, same seeds, rows in sample order, finished rows kept until all
-finish), never by timing, so a sample's tokens and log-probs are a function of (weights, prompt,
-sampling parameters, the group's seeds). See docs/reproducibility.md.
+bits with the company it keeps. Here a forward pass holds a batch whose composition the caller fixes
+independently of timing: the samples of ONE prompt (a GRPO group, or a single request), or every
+request of a submission the trainer announced (a step's groups, a validation batch). Each distinct
+prompt is encoded once, its KV cache selected for its rows, and each row is drawn from its own
+generator. Rows stay in the batch until all finish, so a sample's tokens and log-probs are a function
+of (weights, the batch's prompts and seeds, sampling parameters), never of arrival order or timing.
+See docs/reproducibility.md.
 """
 
 from __future__ import annotations
@@ -67,22 +68,18 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Genera
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-@torch.no_grad()
 def sample_group(
     model, prompt_ids: list[int], sampling: Sampling, seeds: list[int | None], eos_ids: list[int]
 ) -> list[tuple[list[int], list[float] | None, str]]:
     """Generate one response per seed for the same prompt: ``[(tokens, log-probs or None, stop reason)]``.
 
-    The prompt is encoded once (batch of one) and its KV cache repeated for the rows; the rows then
-    decode in lockstep as one batch. A row that has finished keeps its slot (its further tokens are
-    discarded) so the batch's shape never depends on what was sampled. The log-probs are of the
-    logits divided by the temperature, without top-k/p: the quantity verl's actor recomputes (it
-    scales its logits by the rollout temperature), so verl's rollout-vs-actor metrics and rollout
-    correction weights compare like with like (greedy requests: temperature 1). With one seed this is
-    a plain KV-cache sampling loop.
+    :func:`sample_batch` with every row on one prompt: the prompt is encoded once (batch of one) and its
+    KV cache repeated for the rows. With one seed this is a plain KV-cache sampling loop.
     """
-    if not seeds:
-        return []
+    return sample_batch(model, [prompt_ids] * len(seeds), sampling, seeds, eos_ids)
+
+
+def _generators(sampling: Sampling, seeds: list[int | None]) -> list[torch.Generator | None]:
     generators: list[torch.Generator | None] = []
     for seed in seeds:
         if sampling.greedy:
@@ -91,13 +88,51 @@ def sample_group(
         if seed is None:
             raise ValueError("sampling with temperature > 0 needs a seed (the server draws one when none is sent)")
         generators.append(torch.Generator(device="cpu").manual_seed(int(seed)))
+    return generators
+
+
+@torch.no_grad()
+def sample_batch(
+    model, prompts: list[list[int]], sampling: Sampling, seeds: list[int | None], eos_ids: list[int]
+) -> list[tuple[list[int], list[float] | None, str]]:
+    """One response per row (``prompts[i]``, ``seeds[i]``), all rows decoded as one batch.
+
+    Each distinct prompt is encoded once; prompts of different lengths are left-padded (masked, with the
+    positions counted from each prompt's first token) and their KV caches selected for the rows, which
+    then decode in lockstep. A row that has finished keeps its slot (its further tokens are discarded) so
+    the batch's shape never depends on what was sampled, and the distinct prompts are encoded in sorted
+    order, so what a row computes depends on the batch's rows, never on their order. The log-probs are of
+    the logits divided by the temperature, without top-k/p: the quantity verl's actor recomputes (it
+    scales its logits by the rollout temperature), so verl's rollout-vs-actor metrics and rollout
+    correction weights compare like with like (greedy requests: temperature 1).
+    """
+    if len(prompts) != len(seeds):
+        raise ValueError(f"{len(prompts)} prompts for {len(seeds)} seeds: one of each per row")
+    if not seeds:
+        return []
+    generators = _generators(sampling, seeds)
     rows = len(seeds)
     log_prob_temperature = 1.0 if sampling.greedy else sampling.temperature
-    out = model(input_ids=torch.tensor([prompt_ids], dtype=torch.long), use_cache=True)
+    distinct = sorted({tuple(prompt) for prompt in prompts})
+    row_prompt = torch.tensor([distinct.index(tuple(prompt)) for prompt in prompts])
+    lengths = torch.tensor([len(prompt) for prompt in distinct])
+    width = int(lengths.max())
+    padded = bool((lengths != width).any())
+    if padded:  # left padding: every prompt's last token in the last column
+        keep = torch.arange(width)[None, :] >= (width - lengths)[:, None]
+        ids = torch.zeros(len(distinct), width, dtype=torch.long)
+        ids[keep] = torch.tensor([token for prompt in distinct for token in prompt], dtype=torch.long)
+        mask = keep.long()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    use_cache=True)
+        mask = mask[row_prompt]
+    else:
+        out = model(input_ids=torch.tensor(distinct, dtype=torch.long), use_cache=True)
     past = out.past_key_values
-    logits = out.logits[:, -1].float().expand(rows, -1)  # every row starts from the same prompt
-    if rows > 1:
-        past.batch_repeat_interleave(rows)
+    logits = out.logits[:, -1].float()[row_prompt]
+    if rows > 1 or len(distinct) > 1:
+        past.batch_select_indices(row_prompt)
+    positions = lengths[row_prompt]
     tokens: list[list[int]] = [[] for _ in range(rows)]
     log_probs: list[list[float]] = [[] for _ in range(rows)]
     stops = ["length"] * rows
@@ -115,8 +150,13 @@ def sample_group(
                 stops[row] = "completed"
         if all(stop == "completed" for stop in stops) or step + 1 == sampling.max_tokens:
             break
-        out = model(input_ids=torch.tensor(drawn, dtype=torch.long)[:, None], past_key_values=past, use_cache=True)
+        step_ids = torch.tensor(drawn, dtype=torch.long)[:, None]
+        if padded:
+            mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long)], dim=-1)
+            out = model(input_ids=step_ids, attention_mask=mask, position_ids=(positions + step)[:, None],
+                        past_key_values=past, use_cache=True)
+        else:
+            out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
         past = out.past_key_values
         logits = out.logits[:, -1].float()
     return [(tokens[row], log_probs[row] if sampling.logprobs else None, stops[row]) for row in range(rows)]
-

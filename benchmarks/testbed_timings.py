@@ -1,0 +1,55 @@
+"""``python -m benchmarks.testbed_timings LOG [LOG...] [--json OUT]``: a trainer run's per-step timings from its
+console log, and their summary (medians of steps 2 on, each validation, the wall time outside the steps).
+
+The run is the testbed preset (``make demo``'s model and task) started as in BENCHMARKS.md's testbed step profile,
+its console output in LOG with the wall time appended by the shell as ``run rc 0 wall <seconds>``. The JSON keeps
+every step's ``timing_s/*`` and held-out accuracy, so the table in BENCHMARKS.md can be recomputed from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from pathlib import Path
+
+PHASES = ("gen", "old_log_prob", "update_actor", "adv", "update_weights", "step")
+
+
+def parse(log: str) -> dict:
+    steps = {}
+    for match in re.finditer(r"step:(\d+) - (.*)", log):
+        timings = {k: float(v) for k, v in re.findall(r"timing_s/([a-z_]+):([0-9.]+)", match.group(2))}
+        acc = re.search(r"val-core/[^ ]*/acc/mean@\d+:(?:np\.float64\()?([0-9.]+)", match.group(2))
+        steps[int(match.group(1))] = {"timing_s": timings, "held_out_acc": float(acc.group(1)) if acc else None}
+    wall = re.search(r"run rc (\d+) wall ([0-9.]+)", log)
+    if wall is None:
+        return {"steps": steps, "rc": None, "wall_s": None}
+    return {"steps": steps, "rc": int(wall.group(1)), "wall_s": float(wall.group(2))}
+
+
+def summary(run: dict) -> dict:
+    steps = run["steps"]
+    later = [s for s in steps if int(s) >= 2]
+    medians = {p: statistics.median(steps[s]["timing_s"][p] for s in later) for p in PHASES}
+    testing = {int(s): v["timing_s"]["testing"] for s, v in steps.items() if "testing" in v["timing_s"]}
+    in_steps = sum(v["timing_s"]["step"] + v["timing_s"].get("testing", 0.0) for v in steps.values())
+    return {"median_s": medians, "testing_s": testing, "wall_s": run["wall_s"],
+            "outside_steps_s": None if run["wall_s"] is None else run["wall_s"] - in_steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("logs", nargs="+", type=Path)
+    parser.add_argument("--json", type=Path, help="write {log name: parsed run} here")
+    args = parser.parse_args()
+    runs = {log.parent.name: parse(log.read_text(errors="replace")) for log in args.logs}
+    for name, run in runs.items():
+        print(name, json.dumps(summary(run)))
+    if args.json:
+        args.json.write_text(json.dumps(runs, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
