@@ -1,0 +1,69 @@
+"""The testbed timing scripts of BENCHMARKS.md's testbed step profile: the console-log reader against values it
+was given (random, on a written log), and the other scripts' command lines."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.testbed_timings import PHASES, parse, summary
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def written_log(rng: random.Random, steps: int = 12) -> tuple[str, dict]:
+    lines, truth = ["(TaskRunnerV1 pid=1) some start-up line"], {}
+    for step in range(1, steps + 1):
+        timings = {phase: round(rng.uniform(0.01, 5.0), 6) for phase in PHASES}
+        metrics = " - ".join(f"timing_s/{k}:{v}" for k, v in timings.items())
+        if step % 5 == 0:
+            timings["testing"] = round(rng.uniform(10, 60), 6)
+            acc = round(rng.random(), 6)
+            metrics += f" - timing_s/testing:{timings['testing']}"
+            metrics += f" - val-core/stapo/addition/acc/mean@8:np.float64({acc})"
+        lines.append(f"(TaskRunnerV1 pid=1) step:{step} - actor/entropy:0.1 - {metrics} - perf/x:1")
+        truth[step] = timings
+    lines.append("run rc 0 wall 321.5")
+    return "\n".join(lines) + "\n", truth
+
+
+def test_the_log_reader_returns_what_the_log_says_and_its_medians(tmp_path):
+    rng = random.Random()
+    text, truth = written_log(rng)
+    run = parse(text)
+    assert run["rc"] == 0 and run["wall_s"] == 321.5
+    assert {s: v["timing_s"] for s, v in run["steps"].items()} == truth
+    out = summary(run)
+    for phase in PHASES:
+        assert out["median_s"][phase] == statistics.median(truth[s][phase] for s in truth if s >= 2)
+    assert out["testing_s"] == {s: v["testing"] for s, v in truth.items() if "testing" in v}
+    in_steps = sum(v["step"] + v.get("testing", 0.0) for v in truth.values())
+    assert abs(out["outside_steps_s"] - (321.5 - in_steps)) < 1e-9
+    log = tmp_path / "submission" / "run.log"
+    log.parent.mkdir()
+    log.write_text(text)
+    target = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.testbed_timings", str(log), "--json", str(target)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("submission ") and set(json.loads(target.read_text())) == {"submission"}
+
+
+def test_the_recorded_timings_are_what_benchmarks_md_quotes():
+    runs = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-26-submission-batch.json").read_text())
+    group, submission = summary(runs["group"]), summary(runs["submission"])
+    assert f"{group['median_s']['step']:.2f}" == "6.32" and f"{submission['median_s']['step']:.2f}" == "4.10"
+    assert [f"{v:.1f}" for v in submission["testing_s"].values()] == ["26.7", "27.2"]
+    text = (REPO / "BENCHMARKS.md").read_text()
+    assert "| `step` | 6.32 (3.7x the model's 1.70) | 4.10 (2.4x) |" in text
+
+
+def test_the_other_scripts_command_lines():
+    for module in ("benchmarks.testbed_model_work", "benchmarks.profile_mask"):
+        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0 and "usage:" in done.stdout, (module, done.stderr[-500:])
