@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 import secrets
@@ -31,7 +32,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from stapo.models.generation import generation_ids
-from stapo.verl_plugin.cpu.sampling import Sampling, sample_batch, sample_group
+from stapo.verl_plugin.cpu.sampling import Sampling, sample_batch
 from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
 
 logger = logging.getLogger(__name__)
@@ -152,16 +153,17 @@ class HFGenerationServer:
         if self._batches:
             tokens, log_probs, stop = await self._generate_in_batch(list(prompt_ids), sampling, seed)
         elif group is None or int(group["size"]) == 1:
-            tokens, log_probs, stop = (await self._sample(list(prompt_ids), sampling, [seed]))[0]
+            tokens, log_probs, stop = (await self._sample([list(prompt_ids)], sampling, [seed]))[0]
         else:
             tokens, log_probs, stop = await self._generate_in_group(group, list(prompt_ids), sampling, seed)
         return TokenOutput(
             token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra_fields={"global_steps": self.global_steps}
         )
 
-    async def _sample(self, prompt_ids: list[int], sampling: Sampling, seeds: list[int | None]) -> list[tuple]:
-        """``sample_group`` in the server's thread pool (one intra-op thread each, see the class docstring)."""
-        run = (sample_group, self.model, prompt_ids, sampling, seeds, self.eos_ids)
+    async def _sample(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int | None]) -> list[tuple]:
+        """``sample_batch`` (one row per prompt and seed) in the server's thread pool (one intra-op thread each,
+        see the class docstring)."""
+        run = (sample_batch, self.model, prompts, sampling, seeds, self.eos_ids)
         return await asyncio.get_running_loop().run_in_executor(self._pool, *run)
 
     def _seed(self, request_id: str, seed: int | None, sampling: Sampling) -> int | None:
@@ -202,7 +204,7 @@ class HFGenerationServer:
         pending.complete.set()
         order = sorted(pending.futures)
         try:
-            results = await self._sample(prompt_ids, sampling, [pending.seeds[i] for i in order])
+            results = await self._sample([prompt_ids] * len(order), sampling, [pending.seeds[i] for i in order])
         except Exception as exc:  # every waiting member of the group sees the failure; this one raises it
             for i in order:
                 if pending.futures[i] is not future:
@@ -229,13 +231,11 @@ class HFGenerationServer:
                     f"{GROUP_WAIT_S:.0f} s"
                 ) from None
         self._batches.popleft()
-        order = batch_order(batch.requests)
-        try:
-            for setting in dict.fromkeys(batch.requests[i][1] for i in order):
-                rows = [i for i in order if batch.requests[i][1] == setting]
-                run = (sample_batch, self.model, [batch.requests[i][0] for i in rows], setting,
-                       [batch.requests[i][2] for i in rows], self.eos_ids)
-                results = await asyncio.get_running_loop().run_in_executor(self._pool, *run)
+        try:  # batch_order puts the rows of one sampling setting together: one batch each
+            for setting, same in itertools.groupby(batch_order(batch.requests), key=lambda i: batch.requests[i][1]):
+                rows = list(same)
+                results = await self._sample([batch.requests[i][0] for i in rows], setting,
+                                             [batch.requests[i][2] for i in rows])
                 for i, result in zip(rows, results):
                     batch.requests[i][3].set_result(result)
         except Exception as exc:  # every waiting request of the submission sees the failure

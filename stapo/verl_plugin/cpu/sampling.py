@@ -114,7 +114,8 @@ def sample_batch(
     rows = len(seeds)
     log_prob_temperature = 1.0 if sampling.greedy else sampling.temperature
     distinct = sorted({tuple(prompt) for prompt in prompts})
-    row_prompt = torch.tensor([distinct.index(tuple(prompt)) for prompt in prompts])
+    position = {prompt: i for i, prompt in enumerate(distinct)}
+    row_prompt = torch.tensor([position[tuple(prompt)] for prompt in prompts])
     lengths = torch.tensor([len(prompt) for prompt in distinct])
     width = int(lengths.max())
     padded = bool((lengths != width).any())
