@@ -76,3 +76,23 @@ def effective_pg_weight(
     if clip_ratio_c is not None:
         clipped = clipped | ((advantages < 0) & (ratio > clip_ratio_c))
     return torch.where(clipped, torch.zeros_like(ratio), ratio * advantages)
+
+
+def exact_norm_shares(
+    p: torch.Tensor, collision: torch.Tensor, advantages: torch.Tensor, silenced: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """The silenced tokens' share of the positive-advantage tokens' exact logit-gradient norm at ``rho = 1``,
+    ``|A| sqrt(1 - 2p + sum_v pi(v)^2)``, and of its square (what the lower bound of
+    ``grad_bound_share_spurious`` estimates). ``collision`` is ``sum_v pi(v)^2`` per token, which the actor's
+    pass does not return (the CPU rollout does). Undefined values count 0; NaN without a positive token."""
+    p, collision, advantages = p.double(), collision.double(), advantages.double()
+    norm_sq = (1.0 - 2.0 * p + collision).clamp(min=0.0) * advantages.square()
+    positive = mask & (advantages > 0) & torch.isfinite(norm_sq)
+    norm_sq = torch.where(positive, norm_sq, torch.zeros_like(norm_sq))
+    norm = norm_sq.sqrt()
+    total, total_sq = float(norm.sum()), float(norm_sq.sum())
+    silenced = silenced & positive
+    return {
+        "grad_norm_share_spurious": float(norm[silenced].sum()) / total if total else math.nan,
+        "grad_norm_sq_share_spurious": float(norm_sq[silenced].sum()) / total_sq if total_sq else math.nan,
+    }

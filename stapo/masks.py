@@ -10,7 +10,11 @@ current``) to a :class:`TokenMask`:
   drops both (renormalisation over the remaining tokens, docs/algorithm.md section 3); the original
   20-Entropy drops only the former (its denominator counts every response token);
 - ``counts``: additive statistics (token counts) that can be summed over micro-batches and ranks;
-- ``stats``: non-additive statistics (thresholds, percentiles), NaN where undefined.
+- ``stats``: non-additive statistics (thresholds, percentiles), NaN where undefined;
+- ``weight``: an optional float per token (``None``: all ones), multiplying the per-token policy-gradient
+  loss of the tokens kept. A 0/1 mask is the special case; TACO and Advantage Reweighting
+  (``stapo.token_weights``) drop nothing and weight every token instead, each weighted token staying in the
+  count (docs/algorithm.md section 7).
 
 Ratios (``mask_ratio`` ...) are derived from the counts by :func:`finalize_metrics`, so a ratio over
 several micro-batches is always a ratio of sums. Pure torch, no verl.
@@ -35,13 +39,19 @@ from stapo.quantile import (
     masked_quantiles,
 )
 from stapo.s2t import broadcast_advantages, detect_spurious
+from stapo.token_weights import advrew_weight, taco_weight, weight_metrics
 from stapo.validation import (
+    ADVREW_ALPHA,
     ENTROPY20_TOP_FRACTION,
+    LOPTI_ETA,
     PAPER_ENTROPY_QUANTILE,
     PAPER_TAU_P,
+    TACO_ALPHA,
+    TACO_LAMBDA,
     STAPOConfigError,
     check_choice,
     check_entropy_quantile,
+    check_interval,
     check_tau_p,
     check_top_fraction,
 )
@@ -49,6 +59,9 @@ from stapo.validation import (
 SOURCES = ("old", "current")
 ENTROPY_DENOMINATORS = ("all", "kept")
 ENTROPY_PERCENTILES = (0.5, 0.8, 0.95)
+# where a batch threshold (S2T's tau_h, 20-Entropy's cut) is taken: over the whole step's batch, or over
+# each PPO mini-batch on its own (the paper's scope, docs/algorithm.md section 4)
+THRESHOLD_SCOPES = ("step", "mini_batch")
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,15 @@ class MaskSettings:
         entropy_quantile: S2T's q, the quantile of the candidates' entropies that gives tau_h, in (0, 1].
         entropy_top_fraction: share of highest-entropy tokens 20-Entropy keeps, in (0, 1].
         entropy_denominator: 20-Entropy's denominator, ``all`` response tokens (the original) or ``kept``.
+        threshold_scope: the tokens a batch threshold is taken over, ``step`` (the step's whole batch) or
+            ``mini_batch`` (each PPO mini-batch over every DP rank, as the paper). Read with ``source: old``;
+            with ``source: current`` the mask is built per micro-batch inside the loss, whatever this says.
+        taco_alpha: TACO's alpha, in (0, 1): a token is in the tail when ``-log p - H > log(1/alpha)``.
+        taco_lambda: TACO's lambda, in [0, 1]: the largest share of a tail token's loss taken away.
+        advrew_alpha: Advantage Reweighting's alpha, in [0, 1]: ``w = alpha p + 1 - alpha``.
+        lopti: Lopti (low-probability token isolation, ``stapo.lopti``): the update runs twice per step, first
+            over the tokens with old-policy ``p < lopti_eta``, then over the others; combines with any entry.
+        lopti_eta: Lopti's probability threshold, in (0, 1).
     """
 
     token_mask: str = "none"
@@ -71,6 +93,12 @@ class MaskSettings:
     entropy_quantile: float = PAPER_ENTROPY_QUANTILE
     entropy_top_fraction: float = ENTROPY20_TOP_FRACTION
     entropy_denominator: str = "all"
+    threshold_scope: str = "step"
+    taco_alpha: float = TACO_ALPHA
+    taco_lambda: float = TACO_LAMBDA
+    advrew_alpha: float = ADVREW_ALPHA
+    lopti: bool = False
+    lopti_eta: float = LOPTI_ETA
 
     def validate(self, prefix: str = "") -> None:
         """Range checks naming the key (``prefix`` is the Hydra path of the section)."""
@@ -85,6 +113,20 @@ class MaskSettings:
         check_entropy_quantile(self.entropy_quantile, prefix)
         check_top_fraction(self.entropy_top_fraction, prefix)
         check_choice("entropy_denominator", self.entropy_denominator, ENTROPY_DENOMINATORS, prefix)
+        check_choice("threshold_scope", self.threshold_scope, THRESHOLD_SCOPES, prefix)
+        check_interval("taco_alpha", self.taco_alpha, 0.0, 1.0, "", f"TACO: {TACO_ALPHA}", prefix)
+        check_interval("taco_lambda", self.taco_lambda, 0.0, 1.0, "both", f"TACO: {TACO_LAMBDA}", prefix)
+        check_interval("advrew_alpha", self.advrew_alpha, 0.0, 1.0, "both", f"arXiv 2505.12929: {ADVREW_ALPHA}",
+                       prefix)
+        if not isinstance(self.lopti, bool):
+            raise STAPOConfigError(f"{prefix}lopti must be true or false, got {self.lopti!r}")
+        check_interval("lopti_eta", self.lopti_eta, 0.0, 1.0, "", f"arXiv 2505.12929: {LOPTI_ETA}", prefix)
+        if self.lopti and self.source != "old":
+            raise STAPOConfigError(
+                f"{prefix}lopti=true splits the tokens by the old-policy pass and updates each part against it, "
+                f"which needs {prefix}source=old (got {self.source!r}): a mask built inside the loss rescales each "
+                "micro-batch to its kept tokens, which the split would miscount"
+            )
 
     @classmethod
     def from_mapping(cls, mapping) -> MaskSettings:
@@ -119,6 +161,7 @@ class TokenMask:
     drop_count: torch.Tensor  # bool, True = out of the token count the loss divides by
     counts: dict[str, float] = field(default_factory=dict)
     stats: dict[str, float] = field(default_factory=dict)
+    weight: torch.Tensor | None = None  # float, the factor of each kept token's loss; None = all ones
 
 
 MaskFn = Callable[[MaskInputs, MaskSettings], TokenMask]
@@ -137,6 +180,7 @@ class MaskSpec:
     # counts the entry already totals over the detection scope (every rank of the group): a caller that
     # sums the other counts over ranks must take these as they are
     scope_counts: tuple[str, ...] = ()
+    weighted: bool = False  # returns a weight (stapo.token_weights): the loss must receive it, not only the masks
 
 
 TOKEN_MASK_REGISTRY: dict[str, MaskSpec] = {}
@@ -156,6 +200,7 @@ def register_token_mask(
     sources: tuple[str, ...] = ("old",),
     ratios: dict[str, tuple[str, str]] | None = None,
     scope_counts: tuple[str, ...] = (),
+    weighted: bool = False,
 ) -> Callable[[MaskFn], MaskFn]:
     """Decorator: register ``fn(inputs, settings) -> TokenMask`` under ``name`` (as verl's loss registry)."""
 
@@ -163,7 +208,8 @@ def register_token_mask(
         if name in TOKEN_MASK_REGISTRY and TOKEN_MASK_REGISTRY[name].fn is not fn:
             raise ValueError(f"token mask {name!r} is already registered")
         TOKEN_MASK_REGISTRY[name] = MaskSpec(
-            name, fn, needs_log_prob, needs_entropy, tuple(sources), {**COMMON_RATIOS, **(ratios or {})}, scope_counts
+            name, fn, needs_log_prob, needs_entropy, tuple(sources), {**COMMON_RATIOS, **(ratios or {})}, scope_counts,
+            weighted,
         )
         return fn
 
@@ -193,8 +239,55 @@ def build_token_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     with torch.no_grad():
         built = spec.fn(inputs, settings)
         counts = {**common_counts(inputs, built.drop_response, built.drop_count), **built.counts}
-    return TokenMask(built.drop_response, built.drop_count, counts, dict(built.stats))
+    return TokenMask(built.drop_response, built.drop_count, counts, dict(built.stats), built.weight)
 
+
+def build_token_mask_in_parts(
+    inputs: MaskInputs, settings: MaskSettings, part: torch.Tensor, num_parts: int
+) -> TokenMask:
+    """The mask built on each part of the tokens on its own: part ``k`` is where ``part == k`` (for the paper's
+    scope, one PPO mini-batch), and its thresholds are taken over that part of every rank of ``inputs.group``.
+
+    Every rank calls this with the same ``num_parts``; a part that holds none of a rank's tokens is still built
+    there, so the rank joins that part's collectives. The entry's counts add up over the parts, the common counts
+    are those of the whole input, and a statistic (a threshold, a percentile) is the mean over the parts where it
+    is defined (NaN where none is); ``threshold_scopes`` says how many parts there were. A weighted entry's weights
+    are stitched from the parts, and its ``min_weight`` is the whole input's.
+    """
+    if part.shape != inputs.response_mask.shape:
+        raise ValueError(f"part and response_mask must share one shape, got {tuple(part.shape)} and "
+                         f"{tuple(inputs.response_mask.shape)}")
+    mask = inputs.response_mask.bool()
+    whole = MaskInputs(mask, broadcast_advantages(inputs.advantages, mask), inputs.log_prob, inputs.entropy,
+                       inputs.group)
+    drop_response, drop_count = torch.zeros_like(mask), torch.zeros_like(mask)
+    weight = None  # a weighted entry's (token-wise) weights, stitched from the parts
+    counts: dict[str, float] = {}
+    stats: dict[str, list[float]] = {}
+    for k in range(num_parts):
+        where = part == k
+        tensors = (whole.response_mask, whole.advantages, whole.log_prob, whole.entropy)
+        sub = MaskInputs(*(None if t is None else t[where] for t in tensors), inputs.group)
+        built = build_token_mask(sub, settings)
+        drop_response[where], drop_count[where] = built.drop_response, built.drop_count
+        if built.weight is not None:
+            if weight is None:
+                weight = torch.ones(mask.shape, dtype=built.weight.dtype, device=built.weight.device)
+            weight[where] = built.weight
+        for name, value in built.counts.items():
+            counts[name] = counts.get(name, 0.0) + value
+        for name, value in built.stats.items():
+            stats.setdefault(name, []).append(value)
+    counts.update(common_counts(whole, drop_response, drop_count))
+    means = {name: _mean_of_defined(values) for name, values in stats.items()}
+    if weight is not None:  # the minimum weight of the whole input, not a mean of the parts' minima
+        means.update(weight_metrics(weight, mask, whole.advantages, inputs.group)[1])
+    return TokenMask(drop_response, drop_count, counts, {**means, "threshold_scopes": float(num_parts)}, weight)
+
+
+def _mean_of_defined(values: list[float]) -> float:
+    defined = [value for value in values if not math.isnan(value)]
+    return sum(defined) / len(defined) if defined else math.nan
 
 def finalize_metrics(spec: MaskSpec, counts: dict[str, float], stats: dict[str, float]) -> dict[str, float]:
     """Counts, stats and the entry's ratios of counts (0 when the denominator is 0)."""
@@ -362,3 +455,38 @@ def entropy20_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     drop_count = drop if settings.entropy_denominator == "kept" else torch.zeros_like(drop)
     stats = {"entropy_threshold": threshold, **entropy_percentiles(inputs.entropy, mask, inputs.group)}
     return TokenMask(drop, drop_count, {"num_kept": count(keep)}, stats)
+
+
+# --- soft weights (stapo.token_weights): nothing dropped, every kept token's loss weighted ----------------------
+
+WEIGHT_RATIOS = {
+    "mean_weight": ("weight_sum", "num_response_tokens"),
+    "mean_weight_positive": ("weight_sum_positive", "num_positive"),
+    "positive_downweighted_frac": ("num_positive_downweighted", "num_positive"),
+}
+
+
+def weighted_mask(inputs: MaskInputs, weight: torch.Tensor) -> TokenMask:
+    """A weighting as a registry entry: no token dropped (the weighted tokens stay in the count), the weight,
+    and its counts and minimum (``stapo.token_weights.weight_metrics``)."""
+    nothing = torch.zeros_like(inputs.response_mask)
+    counts, stats = weight_metrics(weight, inputs.response_mask, inputs.advantages, inputs.group)
+    return TokenMask(nothing, nothing, counts, stats, weight)
+
+
+@register_token_mask(
+    "taco", needs_log_prob=True, needs_entropy=True, sources=SOURCES, ratios=WEIGHT_RATIOS, weighted=True
+)
+def taco_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
+    """TACO (arXiv 2607.07976): the loss of positive-advantage tail tokens scaled down (``taco_weight``)."""
+    weight = taco_weight(
+        inputs.log_prob, inputs.entropy, inputs.advantages, inputs.response_mask, settings.taco_alpha,
+        settings.taco_lambda,
+    )
+    return weighted_mask(inputs, weight)
+
+
+@register_token_mask("advrew", needs_log_prob=True, sources=SOURCES, ratios=WEIGHT_RATIOS, weighted=True)
+def advrew_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
+    """Advantage Reweighting (arXiv 2505.12929): every token's advantage scaled by ``alpha p + 1 - alpha``."""
+    return weighted_mask(inputs, advrew_weight(inputs.log_prob, inputs.response_mask, settings.advrew_alpha))

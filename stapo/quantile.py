@@ -152,6 +152,14 @@ def all_reduce_sum(value: torch.Tensor, group: dist.ProcessGroup | None) -> torc
     return total
 
 
+def all_reduce_min(value: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Minimum of a tensor over the group, elementwise (a copy; the input is untouched)."""
+    smallest = value.clone()
+    if dp_ranks(group) > 1:
+        dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
+    return smallest
+
+
 def global_quantile(values: torch.Tensor, q: float, group: dist.ProcessGroup | None = None) -> float:
     """The q-quantile of the union of ``values`` over every rank of ``group`` (same on all ranks)."""
     return linear_quantile(gather_variable(values, group), q)

@@ -17,6 +17,13 @@ from typing import Any
 PAPER_TAU_P = 0.002
 PAPER_ENTROPY_QUANTILE = 0.75
 ENTROPY20_TOP_FRACTION = 0.2
+# the soft per-token weights' values (docs/algorithm.md section 7): TACO's alpha and lambda, and Advantage
+# Reweighting's alpha (the authors' K&K script, arXiv 2505.12929)
+TACO_ALPHA = 0.01
+TACO_LAMBDA = 0.9
+ADVREW_ALPHA = 0.3
+# Lopti's eta (the same paper and script): tokens with old-policy probability below it are updated first
+LOPTI_ETA = 0.5
 
 
 class STAPOConfigError(ValueError):
@@ -45,6 +52,21 @@ def check_top_fraction(value: Any, prefix: str = "") -> None:
             f"{prefix}entropy_top_fraction must be in (0, 1] (20-Entropy baseline: {ENTROPY20_TOP_FRACTION}), "
             f"got {value!r}"
         )
+
+
+def check_interval(name: str, value: Any, low: float, high: float, closed: str, hint: str, prefix: str = "") -> None:
+    """``value`` a finite number in the interval from ``low`` to ``high``; ``closed`` names the closed ends
+    (``""``, ``"low"``, ``"high"`` or ``"both"``), and the message writes the interval as it is."""
+    if not is_finite_number(value):
+        ok = False
+    else:
+        above = low <= value if closed in ("low", "both") else low < value
+        below = value <= high if closed in ("high", "both") else value < high
+        ok = above and below
+    if not ok:
+        left = "[" if closed in ("low", "both") else "("
+        right = "]" if closed in ("high", "both") else ")"
+        raise STAPOConfigError(f"{prefix}{name} must be in {left}{low:g}, {high:g}{right} ({hint}), got {value!r}")
 
 
 def check_choice(name: str, value: Any, allowed: tuple[str, ...], prefix: str = "") -> None:

@@ -99,12 +99,13 @@ def reference_common_counts(inputs, drop_response, drop_count) -> dict[str, floa
     return counts
 
 
-def _result(inputs, drop_response, drop_count, counts=None, stats=None) -> dict:
+def _result(inputs, drop_response, drop_count, counts=None, stats=None, weight=None) -> dict:
     return {
         "drop_response": drop_response,
         "drop_count": drop_count,
         "counts": {**reference_common_counts(inputs, drop_response, drop_count), **(counts or {})},
         "stats": dict(stats or {}),
+        "weight": weight,  # None: every token's loss counts once
     }
 
 
@@ -163,10 +164,62 @@ def reference_entropy20(inputs, settings) -> dict:
     return _result(inputs, drop, drop_count, counts, stats)
 
 
+def reference_taco_weight(lp: float, h: float, a: float, alpha: float, lam: float) -> float:
+    """TACO (docs/algorithm.md section 7) for one response token: positive advantage and a finite log-prob and
+    entropy, else 1; the tail excess r = -log p - H + log alpha counts only above 0."""
+    if not (a > 0 and math.isfinite(lp) and math.isfinite(h)):
+        return 1.0
+    r = max(-lp - h + math.log(alpha), 0.0)
+    return 1.0 - lam * (1.0 - math.exp(-r))
+
+
+def reference_advrew_weight(lp: float, alpha: float) -> float:
+    """Advantage Reweighting for one response token: alpha p + 1 - alpha (p at most 1), 1 without a finite log-prob."""
+    if not math.isfinite(lp):
+        return 1.0
+    return alpha * min(math.exp(lp), 1.0) + (1.0 - alpha)
+
+
+def _weighted_result(inputs, weight_of) -> dict:
+    """A weighting: nothing dropped, ``weight_of(i, t)`` on each response token (1 elsewhere), its counts and
+    minimum."""
+    mask, adv = inputs["response_mask"], inputs["advantages"]
+    weight = [[1.0] * len(row) for row in mask]
+    for i, t in _tokens(mask):
+        weight[i][t] = weight_of(i, t)
+    positive = [(i, t) for i, t in _tokens(mask) if _adv(adv, i, t) > 0]
+    counts = {
+        "num_positive": float(len(positive)),
+        "num_positive_downweighted": float(sum(weight[i][t] < 1.0 for i, t in positive)),
+        "num_downweighted": float(sum(weight[i][t] < 1.0 for i, t in _tokens(mask))),
+        "weight_sum_positive": sum(weight[i][t] for i, t in positive),
+        "weight_sum": sum(weight[i][t] for i, t in _tokens(mask)),
+    }
+    values = [weight[i][t] for i, t in _tokens(mask)]
+    stats = {"min_weight": min(values) if values else NAN}
+    nothing = _falses(mask)
+    return _result(inputs, nothing, nothing, counts, stats, weight)
+
+
+def reference_taco(inputs, settings) -> dict:
+    lp, ent, adv = inputs["log_prob"], inputs["entropy"], inputs["advantages"]
+    alpha, lam = settings["taco_alpha"], settings["taco_lambda"]
+    return _weighted_result(
+        inputs, lambda i, t: reference_taco_weight(float(lp[i][t]), float(ent[i][t]), _adv(adv, i, t), alpha, lam)
+    )
+
+
+def reference_advrew(inputs, settings) -> dict:
+    lp, alpha = inputs["log_prob"], settings["advrew_alpha"]
+    return _weighted_result(inputs, lambda i, t: reference_advrew_weight(float(lp[i][t]), alpha))
+
+
 REFERENCES = {
     "none": reference_none,
     "stapo": reference_stapo,
     "entropy20": reference_entropy20,
+    "taco": reference_taco,
+    "advrew": reference_advrew,
 }
 
 
@@ -199,11 +252,12 @@ def reference_clipped_token_grad(old_lp, lp, adv, eps_low, eps_high, c):
     return -adv * ratio
 
 
-def reference_masked_loss(old_lp, lp, adv, keep, denominator, eps_low=0.2, eps_high=0.28, c=10.0):
+def reference_masked_loss(old_lp, lp, adv, keep, denominator, eps_low=0.2, eps_high=0.28, c=10.0, weights=None):
     """Sum of the clipped loss over ``keep`` divided by ``denominator`` (token-mean), and d/d lp per token.
 
     ``denominator`` is the token count the mask leaves (verl's ``batch_num_tokens``); 0 kept tokens
-    give an exact 0 and a zero gradient.
+    give an exact 0 and a zero gradient. ``weights`` (nested lists, None for all ones) multiply each kept
+    token's loss and so its gradient.
     """
     grad = [[0.0] * len(row) for row in lp]
     cells = _tokens(keep)
@@ -212,8 +266,9 @@ def reference_masked_loss(old_lp, lp, adv, keep, denominator, eps_low=0.2, eps_h
     total = 0.0
     for i, t in cells:
         o, p, a = float(old_lp[i][t]), float(lp[i][t]), _adv(adv, i, t)
-        total += reference_clipped_token_loss(o, p, a, eps_low, eps_high, c)
-        grad[i][t] = reference_clipped_token_grad(o, p, a, eps_low, eps_high, c) / denominator
+        w = 1.0 if weights is None else float(weights[i][t])
+        total += w * reference_clipped_token_loss(o, p, a, eps_low, eps_high, c)
+        grad[i][t] = w * reference_clipped_token_grad(o, p, a, eps_low, eps_high, c) / denominator
     return total / denominator, grad
 
 

@@ -14,10 +14,15 @@ import yaml
 # the settings each token-mask registry entry reads (stapo.masks.MaskSettings); others show them all
 MASK_SETTINGS = {
     "none": (),
-    "stapo": ("source", "tau_p", "entropy_quantile"),
-    "entropy20": ("source", "entropy_top_fraction", "entropy_denominator"),
+    "stapo": ("source", "tau_p", "entropy_quantile", "threshold_scope"),
+    "entropy20": ("source", "entropy_top_fraction", "entropy_denominator", "threshold_scope"),
+    "taco": ("source", "taco_alpha", "taco_lambda"),
+    "advrew": ("source", "advrew_alpha"),
 }
-_ALL_MASK_SETTINGS = ("source", "tau_p", "entropy_quantile", "entropy_top_fraction", "entropy_denominator")
+_ALL_MASK_SETTINGS = ("source", "tau_p", "entropy_quantile", "entropy_top_fraction", "entropy_denominator",
+                      "threshold_scope", "taco_alpha", "taco_lambda", "advrew_alpha", "lopti", "lopti_eta")
+# Lopti's, shown with any mask when it is on (it is not a mask: two updates per step, docs/algorithm.md 7)
+LOPTI_SETTINGS = ("lopti", "lopti_eta")
 # metrics shown first, when logged (everything logged is listed below them)
 KEY_METRICS = (
     "critic/score/mean",
@@ -49,7 +54,7 @@ def algorithm(config: dict | None) -> dict[str, Any]:
     """Loss mode, token mask and the thresholds that mask reads, plus the objective's constants."""
     loss = get(config, "actor_rollout_ref.actor.policy_loss", {}) or {}
     mask = loss.get("token_mask", "none")
-    wanted = MASK_SETTINGS.get(mask, _ALL_MASK_SETTINGS)
+    wanted = MASK_SETTINGS.get(mask, _ALL_MASK_SETTINGS) + (LOPTI_SETTINGS if loss.get("lopti") is True else ())
     actor = get(config, "actor_rollout_ref.actor", {}) or {}
     return {
         "loss_mode": loss.get("loss_mode"),

@@ -6,6 +6,9 @@ that is stored with the checkpoint; only the shape, the vocabulary and the speci
 
 from __future__ import annotations
 
+# a model config attribute: token ids from this one up are ones the task never needs (a testbed's filler
+# tokens); the CPU rollout then logs the probability mass they take (stapo.verl_plugin.cpu.sampling)
+UNUSED_FROM_KEY = "stapo_unused_token_from"
 SHAPE_KEYS = (
     "hidden_size",
     "intermediate_size",

@@ -29,6 +29,12 @@ class STAPOPolicyLossConfig(PolicyLossConfig):
     entropy_quantile: float = _DEFAULTS.entropy_quantile
     entropy_top_fraction: float = _DEFAULTS.entropy_top_fraction
     entropy_denominator: str = _DEFAULTS.entropy_denominator
+    threshold_scope: str = _DEFAULTS.threshold_scope
+    taco_alpha: float = _DEFAULTS.taco_alpha
+    taco_lambda: float = _DEFAULTS.taco_lambda
+    advrew_alpha: float = _DEFAULTS.advrew_alpha
+    lopti: bool = _DEFAULTS.lopti
+    lopti_eta: float = _DEFAULTS.lopti_eta
 
     def __post_init__(self):
         MaskSettings.from_mapping(self).validate(prefix=PREFIX)

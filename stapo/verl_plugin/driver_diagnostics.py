@@ -26,16 +26,24 @@ import transfer_queue as tq
 from tensordict import TensorDict
 from torch.nn.utils.rnn import pad_sequence
 
-from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask
+from stapo.gradnorm import exact_norm_shares
+from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask, build_token_mask_in_parts, count
 from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
 from stapo.token_sample import spread_positions
+from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD
 from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
 from stapo.verl_plugin.jagged import flat_fields
+from stapo.verl_plugin.mini_batches import MiniBatchSplit, token_parts
 
 REWARD_EXTRA_FIELD = "extra_fields"
 # the old-pass fields every due diagnostic reads
 DIAGNOSTIC_FIELDS = ("response_mask", "advantages", "entropy", "old_log_probs")
+# what a tail-driven entropy event shows as (docs/algorithm.md section 5): one position's entropy, the mass on
+# tokens the task never needs; and the silenced tokens' share of the exact logit-gradient norm
+ENTROPY_MAX = "actor/stapo/entropy_max"
+TAIL_PREFIX = "actor/stapo/tail/"
+METRIC_PREFIX = "actor/stapo/"
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,11 @@ class DriverDiagnostics:
     spurious_log: SpuriousTokenLog
     pad_token_id: int = 0
     tokenizer: Any = None
+    # how verl splits the update (read with threshold_scope: mini_batch) and over how many DP ranks
+    split: MiniBatchSplit | None = None
+    dp_size: int = 1
+    # (step, tokens silenced) of the last mask built here: the trainer compares it with the workers' fold
+    last_dropped: tuple[int, float] | None = None
 
     def plan(self, step: int) -> StepPlan:
         ablation = self.diagnostics.ablation_wanted(step)
@@ -104,8 +117,11 @@ class DriverDiagnostics:
         clock = _Clock(result.timings)
         data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=fields)
         clock.lap("get")
+        token_stats = None
         if reward_extra:
-            result.metrics.update(reward_extra_means(list(data.pop(REWARD_EXTRA_FIELD))))
+            extra = [getattr(item, "data", item) for item in data.pop(REWARD_EXTRA_FIELD)]
+            result.metrics.update(reward_extra_means(extra))
+            token_stats = [item.get(TOKEN_STATS_FIELD) if isinstance(item, dict) else None for item in extra]
         if not plan.active:
             return result
 
@@ -115,7 +131,7 @@ class DriverDiagnostics:
             )
             return list(rows_data["responses"].unbind())
 
-        self.diagnose(step, plan, data, result, clock, fetch_responses)
+        self.diagnose(step, plan, data, result, clock, fetch_responses, token_stats)
         return result
 
     def diagnose(
@@ -126,12 +142,15 @@ class DriverDiagnostics:
         result: RoundTripResult,
         clock: _Clock,
         fetch_responses: Callable[[list[int]], list[torch.Tensor]] | None = None,
+        token_stats: list[dict | None] | None = None,
     ) -> None:
         """The due diagnostics from the fetched fields: grid metrics into ``result``, sample and log to the run dir.
 
         Works on the jagged fields' flat values (``jagged.flat_fields``), row-major, so the token sample
         and the spurious log pick the same tokens as from padded tensors. ``fetch_responses(rows)``
-        returns those rows' token ids (the spurious log's; needed only when ``plan.log_tokens``).
+        returns those rows' token ids (the spurious log's; needed only when ``plan.log_tokens``). ``token_stats``
+        are the CPU rollout's per-row token statistics (``stapo.verl_plugin.cpu.sampling.token_stats``), when
+        every row has them: they add the tail metrics (:func:`tail_metrics`).
         """
         offsets, flat = flat_fields(data, DIAGNOSTIC_FIELDS)
         response_mask = flat["response_mask"].bool()
@@ -139,13 +158,26 @@ class DriverDiagnostics:
         advantages = flat["advantages"].float()
         if response_mask.any():
             result.metrics[ENTROPY_TOKEN_MEAN] = float(entropy[response_mask].double().mean())
+            result.metrics[ENTROPY_MAX] = float(entropy[response_mask].nan_to_num(nan=-math.inf).max())
+        stats = flat_token_stats(token_stats, offsets)
         clock.lap("flatten")
         silenced = torch.zeros_like(response_mask)
-        if plan.needs_mask and self.settings.folded:
-            # the mask the workers folded this step: same function, same inputs, same result
-            built = build_token_mask(MaskInputs(response_mask, advantages, log_prob, entropy), self.settings)
+        if (plan.needs_mask or stats is not None) and self.settings.folded:
+            # the mask the workers folded this step: same function, same inputs, same scopes, same result
+            inputs = MaskInputs(response_mask, advantages, log_prob, entropy)
+            if self.settings.threshold_scope == "mini_batch":
+                row_index, parts = self.split.batch_index(len(offsets) - 1, self.dp_size)
+                built = build_token_mask_in_parts(inputs, self.settings, token_parts(row_index, offsets), parts)
+            else:
+                built = build_token_mask(inputs, self.settings)
             silenced = built.drop_response
+            self.last_dropped = (step, count(response_mask & silenced))
             clock.lap("mask")
+        if stats is not None:
+            would_be = silenced if self.spec.name == "stapo" and self.settings.folded else None
+            result.metrics.update(tail_metrics(stats, response_mask, advantages, log_prob, entropy, self.settings,
+                                               would_be))
+            clock.lap("tail")
         if plan.log_tokens:
             self._log_tokens(step, silenced, offsets, flat, log_prob, entropy, fetch_responses)
             clock.lap("log")
@@ -201,3 +233,38 @@ def reward_extra_means(extra_fields: list) -> dict[str, float]:
             if isinstance(value, bool | int | float) and math.isfinite(float(value)):
                 values[key].append(float(value))
     return {f"reward/{key}/mean": sum(found) / len(found) for key, found in values.items()}
+
+
+def flat_token_stats(rows: list[dict | None] | None, offsets: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The rollout's per-token statistics as flat tensors over the batch's response tokens (row-major, as
+    ``flat_fields``), or None unless every row has them with its response's length (vLLM sends none)."""
+    if not rows or any(row is None for row in rows):
+        return None
+    lengths = offsets.diff().tolist()
+    if [len(row["collision"]) for row in rows] != lengths:
+        return None
+    flat = {"collision": torch.tensor([v for row in rows for v in row["collision"]], dtype=torch.float64)}
+    if all("unused_mass" in row for row in rows):
+        flat["unused_mass"] = torch.tensor([v for row in rows for v in row["unused_mass"]], dtype=torch.float64)
+        flat["unused_sampled"] = torch.tensor(float(sum(row["unused_sampled"] for row in rows)))
+    return flat
+
+
+def tail_metrics(stats, response_mask, advantages, log_prob, entropy, settings: MaskSettings,
+                 silenced: torch.Tensor | None = None) -> dict[str, float]:
+    """The tail metrics of a step: the silenced tokens' share of the exact logit-gradient norm and of its
+    square, for S2T's silenced tokens (``silenced``, the folded mask) or, for another algorithm, the tokens
+    S2T would silence at the run's tau_p and q over the step; and, when the model names unused ids, their
+    mean and largest probability mass a position and the share of sampled tokens that are unused."""
+    if silenced is None:
+        would_be = MaskSettings(token_mask="stapo", tau_p=settings.tau_p, entropy_quantile=settings.entropy_quantile)
+        silenced = build_token_mask(MaskInputs(response_mask, advantages, log_prob, entropy), would_be).drop_response
+    shares = exact_norm_shares(log_prob.double().exp(), stats["collision"], advantages, silenced, response_mask)
+    metrics = {METRIC_PREFIX + key: value for key, value in shares.items()}
+    tokens = count(response_mask)
+    if "unused_mass" in stats and tokens:
+        mass = stats["unused_mass"][response_mask]
+        metrics[TAIL_PREFIX + "unused_mass_mean"] = float(mass.mean())
+        metrics[TAIL_PREFIX + "unused_mass_max"] = float(mass.max())
+        metrics[TAIL_PREFIX + "unused_sampled_frac"] = float(stats["unused_sampled"]) / tokens
+    return metrics

@@ -14,6 +14,11 @@ import itertools
 import torch
 from tensordict import TensorDict
 
+# a weighted registry entry's per-token weights (stapo.masks.TokenMask.weight), stored in the shard as a field
+# of its own: a float cannot be folded into the 0/1 masks. verl's mini- and micro-batch splits index every
+# tensor field by row, so each micro-batch carries its rows' weights to the loss.
+TOKEN_WEIGHT = "stapo_token_weight"
+
 
 def fold_masks(
     response_mask: torch.Tensor, loss_mask: torch.Tensor, drop_response: torch.Tensor, drop_loss: torch.Tensor
@@ -55,3 +60,18 @@ def empty_rows(response_mask: torch.Tensor, offsets: torch.Tensor) -> int:
     """Rows without a response token (verl's padding samples, instant EOS), from the flat mask."""
     bounds = offsets.tolist()
     return sum(1 for a, b in itertools.pairwise(bounds) if not bool(response_mask[a:b].any()))
+
+
+def store_token_weight(data: TensorDict, weight: torch.Tensor | None, offsets: torch.Tensor) -> None:
+    """Put a weighted entry's flat weights into ``data`` as the jagged field :data:`TOKEN_WEIGHT`, laid out as
+    ``response_mask`` (``offsets`` from :func:`flat_fields`); a 0/1 entry (``weight`` None) stores nothing."""
+    if weight is not None:
+        data[TOKEN_WEIGHT] = jagged(weight.to(offsets.device), offsets)
+
+
+def padded_token_weight(data: TensorDict) -> torch.Tensor | None:
+    """A micro-batch's weights padded to ``(batch, response_len)`` as verl pads ``response_mask`` (0 past a
+    response's end); None when the shard carries none."""
+    if TOKEN_WEIGHT not in data.keys():
+        return None
+    return data.select(TOKEN_WEIGHT).to_padded_tensor()[TOKEN_WEIGHT]

@@ -1,11 +1,11 @@
 """The project's one policy loss in verl's registry, and the actor-side wrapper around verl's ``ppo_loss``.
 
 ``masked_clip`` is the objective of every masking algorithm (grpo, justrl, stapo, entropy20, dapo,
-drgrpo): verl's vanilla clipped objective (clip-higher, dual clip, rollout IS weights, any
-``loss_agg_mode``) over the tokens the token mask keeps, made robust (docs/algorithm.md section 6):
-values outside the mask never reach the loss or its gradient, an empty micro-batch is an exact 0,
-a non-finite loss is refused by giving it a NaN gradient so that verl skips the update on every
-rank (never a raise that leaves FSDP peers waiting in a collective). Why not verl's own
+drgrpo, and the weightings taco and advrew): verl's vanilla clipped objective (clip-higher, dual clip,
+rollout IS weights, any ``loss_agg_mode``) over the tokens the token mask keeps, made robust
+(docs/algorithm.md section 6): values outside the mask never reach the loss or its gradient, an empty
+micro-batch is an exact 0, a non-finite loss is refused by giving it a NaN gradient so that verl skips
+the update on every rank (never a raise that leaves FSDP peers waiting in a collective). Why not verl's own
 ``vanilla`` over the folded mask: it has none of that robustness (a NaN at a silenced position
 poisons the gradient through 0 * NaN), and the comparison needs one code path for all.
 
@@ -15,6 +15,10 @@ The mask reaches the loss in one of two ways, both known from the config alone:
 - ``source: current``: the loss builds it from the update forward (``STAPOLossFn`` hands over the
   current entropy and the DP group, which verl does not pass) and rescales the micro-batch to its
   DP-global kept-token count.
+
+A weighted entry's per-token weights (TACO, Advantage Reweighting) multiply the per-token losses, with
+verl's rollout importance weights: folded into the shard as a field of their own (``source: old``), which
+``STAPOLossFn`` reads from each micro-batch and hands over, or built here (``source: current``).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from stapo.loss import (
 )
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask, group_totals
 from stapo.quantile import dp_ranks
+from stapo.verl_plugin.jagged import TOKEN_WEIGHT, padded_token_weight
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +70,7 @@ class UpdateContext:
     entropy: torch.Tensor | None
     dp_group: dist.ProcessGroup | None
     report: dict[str, float] = field(default_factory=dict)
+    token_weight: torch.Tensor | None = None  # a folded weighted entry's weights, padded as response_mask
 
 
 _UPDATE_CONTEXT: contextvars.ContextVar[UpdateContext | None] = contextvars.ContextVar(
@@ -77,6 +83,11 @@ NOT_FOLDED = (
     "actor_rollout_ref.actor.policy_loss.token_mask={mask} (source=old) reached the loss unfolded: only the STAPO "
     "trainer's actor worker builds and folds it, so this update would train without the mask (JustRL, not "
     "{mask}). Set trainer.v1.trainer_mode=stapo (and trainer.use_v1=true), or run python -m recipe.stapo.main_stapo"
+)
+
+NOT_SPLIT = (
+    "actor_rollout_ref.actor.policy_loss.lopti=true reached the loss outside the STAPO trainer's actor worker, which "
+    "runs Lopti's two updates: this one would update every token at once. Set trainer.v1.trainer_mode=stapo"
 )
 
 
@@ -93,9 +104,12 @@ def folded_mask_update():
 def refuse_unfolded_mask(settings: MaskSettings) -> None:
     """A folded mask configured but never folded (verl's own trainers, ``main_ppo`` with trainer_mode=sync or
     the legacy trainer): every rank raises here, at the same point of the first micro-batch, before any
-    gradient exists, instead of silently training over the unmasked tokens."""
+    gradient exists, instead of silently training over the unmasked tokens. Lopti's split is made by the same
+    worker, so the same holds for it."""
     if settings.folded and not _MASK_FOLDED.get():
         raise RuntimeError(NOT_FOLDED.format(mask=settings.token_mask))
+    if settings.lopti and not _MASK_FOLDED.get():
+        raise RuntimeError(NOT_SPLIT)
 
 
 def mask_settings(actor_config) -> MaskSettings:
@@ -124,7 +138,14 @@ class STAPOLossFn:
             # replaced in the engine's own dict, so the attached original (and its graph) is released now
             verl_entropy = raw_entropy.detach() if self.config.entropy_coeff == 0 else raw_entropy
             model_output["entropy"] = _finite_or_zero(verl_entropy)
-        context = UpdateContext(entropy=entropy, dp_group=dp_group)
+        token_weight = padded_token_weight(data)
+        loss_mode = self.config.policy_loss.get("loss_mode", "vanilla")
+        if token_weight is not None and loss_mode != LOSS_NAME:
+            raise RuntimeError(
+                f"the shard carries {self.settings.token_mask}'s per-token weights ({TOKEN_WEIGHT}), which only "
+                f"policy_loss.loss_mode={LOSS_NAME} applies (got {loss_mode!r}): the update would ignore them"
+            )
+        context = UpdateContext(entropy=entropy, dp_group=dp_group, token_weight=token_weight)
         token = _UPDATE_CONTEXT.set(context)
         try:
             loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
@@ -176,8 +197,25 @@ def _finite_or_zero(tensor: torch.Tensor) -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(clean, tensor.offsets()) if tensor.is_nested else clean
 
 
-def _in_loss_mask(settings: MaskSettings, log_prob, advantages, response_mask) -> tuple[torch.Tensor, float]:
-    """``source: current``: the kept tokens of this micro-batch and the factor to its kept-token mean."""
+def _folded_weight(settings: MaskSettings) -> torch.Tensor | None:
+    """``source: old``: the micro-batch's weights of a weighted entry, from the field the fold stored; the
+    update refuses to run without them rather than train the unweighted objective under the entry's name."""
+    context = _UPDATE_CONTEXT.get()
+    weight = None if context is None else context.token_weight
+    if weight is None and settings.folded and get_token_mask(settings.token_mask).weighted:
+        raise RuntimeError(
+            f"policy_loss.token_mask={settings.token_mask} weights each token's loss, but this micro-batch carries "
+            f"no {TOKEN_WEIGHT}: the weights reach the loss only through the STAPO trainer's fold and its loss "
+            "wrapper (trainer.v1.trainer_mode=stapo, set by conf/algo/*.yaml)"
+        )
+    return weight
+
+
+def _in_loss_mask(
+    settings: MaskSettings, log_prob, advantages, response_mask
+) -> tuple[torch.Tensor, float, torch.Tensor | None]:
+    """``source: current``: the kept tokens of this micro-batch, the factor to its kept-token mean and a weighted
+    entry's weights."""
     context = _UPDATE_CONTEXT.get()
     if context is None:
         raise RuntimeError(
@@ -204,7 +242,7 @@ def _in_loss_mask(settings: MaskSettings, log_prob, advantages, response_mask) -
     # verl divides by the mini-batch's response-token count; scale this micro-batch to its kept count
     kept = totals["num_loss_tokens_expected"]
     scale = totals["num_response_tokens"] / kept if kept > 0 else 1.0
-    return keep, scale
+    return keep, scale, built.weight
 
 
 def clip_bounds(config) -> tuple[float, float]:
@@ -228,14 +266,16 @@ def compute_policy_loss_masked_clip(
     assert config is not None, "verl passes the actor config to registered policy losses"
     settings = mask_settings(config)
     refuse_unfolded_mask(settings)
-    mask, scale = response_mask.bool(), 1.0
+    mask, scale, token_weight = response_mask.bool(), 1.0, _folded_weight(settings)
     if settings.in_loss:
-        mask, scale = _in_loss_mask(settings, log_prob, advantages, mask)
+        mask, scale, token_weight = _in_loss_mask(settings, log_prob, advantages, mask)
+    weights = rollout_is_weights
+    if token_weight is not None:  # both factors multiply the per-token loss (docs/algorithm.md section 7)
+        token_weight = token_weight.to(log_prob.dtype)
+        weights = token_weight if weights is None else weights * token_weight
     clip_low, clip_high = clip_bounds(config)
     clip_c = config.clip_ratio_c  # verl's ActorConfig always has it (its own default: 3.0)
-    pg_losses, flags = masked_pg_losses(
-        old_log_prob, log_prob, advantages, mask, clip_low, clip_high, clip_c, rollout_is_weights
-    )
+    pg_losses, flags = masked_pg_losses(old_log_prob, log_prob, advantages, mask, clip_low, clip_high, clip_c, weights)
     if not mask.any():
         loss = pg_losses.sum() * 0.0  # nothing to learn here: keeps the graph, exact zero gradient
     else:

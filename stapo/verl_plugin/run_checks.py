@@ -85,6 +85,11 @@ def _check_token_mask(config) -> None:
             f"{PL}.token_mask={settings.token_mask} needs trainer.v1.trainer_mode=stapo (got {mode!r}): the STAPO "
             "trainer builds and folds the mask; with another trainer it would silently not be applied"
         )
+    if spec.weighted and loss_mode != LOSS_NAME:
+        raise STAPOConfigError(
+            f"{PL}.token_mask={settings.token_mask} weights each token's policy-gradient loss, which only "
+            f"{PL}.loss_mode={LOSS_NAME} applies (got {loss_mode!r}); the other losses would ignore the weights"
+        )
     if settings.in_loss:
         if loss_mode != LOSS_NAME:
             raise STAPOConfigError(
@@ -104,12 +109,38 @@ def _check_token_mask(config) -> None:
                 "kept tokens is defined for token-mean only; use token-mean, or source=old, which works with every "
                 "aggregation mode"
             )
+    if settings.lopti:
+        _check_lopti(config, loss_mode, mode)
+    if settings.folded and settings.threshold_scope == "mini_batch":
+        from stapo.verl_plugin.mini_batches import MiniBatchSplit
+
+        MiniBatchSplit.from_config(actor, config.actor_rollout_ref.rollout.n).check()
     rollout_correction = config.algorithm.get("rollout_correction", None) or {}
     reads_old_pass = settings.folded and (spec.needs_entropy or spec.needs_log_prob)
     if reads_old_pass and rollout_correction.get("bypass_mode", False):
         raise STAPOConfigError(
             "algorithm.rollout_correction.bypass_mode=true skips the old-policy pass whose log-probs and entropy "
             f"{PL}.token_mask={settings.token_mask} (source=old) needs; turn bypass_mode off or use source=current"
+        )
+
+
+def _check_lopti(config, loss_mode: str, mode: str | None) -> None:
+    """Lopti's two updates run in the STAPO actor worker, split by the old pass, for the token-level objective."""
+    if mode != "stapo":
+        raise STAPOConfigError(
+            f"{PL}.lopti=true needs trainer.v1.trainer_mode=stapo (got {mode!r}): the STAPO actor worker runs the "
+            "two updates; another trainer would update every token at once"
+        )
+    if loss_mode != LOSS_NAME:
+        raise STAPOConfigError(
+            f"{PL}.lopti=true needs {PL}.loss_mode={LOSS_NAME} (got {loss_mode!r}): Lopti splits a token-level "
+            "objective; a sequence-level loss (gspo, gmpo, ...) over half of each response's tokens is another method"
+        )
+    rollout_correction = config.algorithm.get("rollout_correction", None) or {}
+    if rollout_correction.get("bypass_mode", False):
+        raise STAPOConfigError(
+            f"algorithm.rollout_correction.bypass_mode=true skips the old-policy pass whose log-probs {PL}.lopti=true "
+            "splits the tokens by; turn bypass_mode off"
         )
 
 

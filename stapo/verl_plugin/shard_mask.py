@@ -3,7 +3,9 @@
 docs/algorithm.md section 3. Each actor worker holds its shard of the step's batch (fetched from
 TransferQueue by verl's dispatch) when its ``update_actor`` starts. :func:`fold_shard` builds the
 mask there: the token-wise rules run on the shard, a threshold over the batch (S2T's tau_h, the
-20-Entropy cut) is taken over every DP rank of ``group`` (for S2T only the candidates' entropies
+20-Entropy cut) is taken over every DP rank of ``group``, over the step's batch or, with
+``threshold_scope: mini_batch``, over each PPO mini-batch verl will split the update into
+(``mini_batches``; the paper's scope) (for S2T only the candidates' entropies
 travel, a small share of the tokens; the logged percentiles gather up to 2^20 entropies), and the
 mask is folded into the shard's ``response_mask`` (the policy-gradient sum) and ``loss_mask`` (the
 token count). verl's engine then counts the mini-batch's tokens from the folded ``loss_mask``, DP
@@ -25,11 +27,13 @@ from stapo.masks import (
     MaskSettings,
     MaskSpec,
     build_token_mask,
+    build_token_mask_in_parts,
     finalize_metrics,
     get_token_mask,
     group_totals,
 )
-from stapo.verl_plugin.jagged import empty_rows, flat_fields, fold_masks, jagged
+from stapo.verl_plugin.jagged import empty_rows, flat_fields, fold_masks, jagged, store_token_weight
+from stapo.verl_plugin.mini_batches import MiniBatchSplit, token_parts
 
 # the folded loss_mask's DP-global token count; the trainer checks that verl divided by it
 FOLDED_LOSS_TOKENS = "loss_tokens_folded"
@@ -78,7 +82,12 @@ def fold_shard(
     inputs = MaskInputs(
         response_mask, on_device("advantages"), on_device("old_log_probs"), on_device("entropy"), group
     )
-    built = build_token_mask(inputs, settings)
+    if settings.threshold_scope == "mini_batch":  # the paper's: each PPO mini-batch's own threshold
+        rank, size = (0, 1) if group is None else (dist.get_rank(group), dist.get_world_size(group))
+        row_index, num_parts = MiniBatchSplit.from_batch(data).shard_index(len(offsets) - 1, rank, size)
+        built = build_token_mask_in_parts(inputs, settings, token_parts(row_index, offsets).to(device), num_parts)
+    else:
+        built = build_token_mask(inputs, settings)
     drop_response = built.drop_response.to(flat["response_mask"].device)
     drop_count = built.drop_count.to(flat["loss_mask"].device)
     folded_response, folded_loss = fold_masks(flat["response_mask"], flat["loss_mask"], drop_response, drop_count)
@@ -89,4 +98,5 @@ def fold_shard(
     }
     data["response_mask"] = jagged(folded_response, offsets)
     data["loss_mask"] = jagged(folded_loss, offsets)
+    store_token_weight(data, built.weight, offsets)  # a weighted entry's factors travel to the loss as a field
     return finalize_metrics(spec, group_totals(spec, counts, group, device), built.stats)

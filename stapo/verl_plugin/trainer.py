@@ -39,6 +39,7 @@ from stapo.verl_plugin.losses import (
     STAPOLossFn,
     mask_settings,
 )
+from stapo.verl_plugin.mini_batches import MiniBatchSplit
 from stapo.verl_plugin.run_checks import validate_run_config
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS
 from stapo.verl_plugin.weight_sync import DEFAULT_TIMEOUT_S, with_deadline
@@ -150,6 +151,7 @@ class STAPOTrainer(PPOTrainerSync):
     def _setup(self):
         super()._setup()
         stapo_config = self.config.get("stapo", {})
+        actor_ref = self.config.actor_rollout_ref
         self._driver_diagnostics = DriverDiagnostics(
             self._settings,
             self._mask,
@@ -157,6 +159,9 @@ class STAPOTrainer(PPOTrainerSync):
             SpuriousTokenLog.from_config(stapo_config),
             pad_token_id=self.tokenizer.pad_token_id,
             tokenizer=self.tokenizer,
+            split=MiniBatchSplit.from_config(actor_ref.actor, actor_ref.rollout.n),
+            # verl's own reading of the actor's DP size (the dispatch splits the batch into that many shards)
+            dp_size=max(self.actor_rollout_wg._query_dispatch_info("actor")) + 1,
         )
         # verl's own ppo_loss, wrapped so an in-loss mask sees the entropy and DP group (see losses.py)
         actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
@@ -187,12 +192,27 @@ class STAPOTrainer(PPOTrainerSync):
         actor = self.config.actor_rollout_ref
         updates_per_epoch = max(1, len(batch) // (actor.actor.ppo_mini_batch_size * actor.rollout.n))
         check_step_token_counts(update_metrics, updates_per_epoch, self._settings.folded, self._mask.name)
+        update_metrics.update(self._driver_mask_check(update_metrics))
         if self._settings.in_loss:
             step = finalize_metrics(self._mask, *in_loss_step_metrics(update_metrics, updates_per_epoch))
             update_metrics = {k: v for k, v in update_metrics.items() if not k.startswith(IN_LOSS_PREFIX)}
             update_metrics.update({METRIC_PREFIX + key: value for key, value in step.items()})
         metrics.update(update_metrics)
         return batch
+
+    def _driver_mask_check(self, update_metrics: dict) -> dict[str, float]:
+        """On a step whose diagnostics rebuilt the mask on the driver, the tokens it silenced minus those the
+        workers folded (``actor/stapo/driver_mask_diff``, 0 when they agree): the spurious-token log and the
+        token sample describe the folded mask only if it is 0."""
+        built = self._driver_diagnostics.last_dropped
+        folded = update_metrics.get(METRIC_PREFIX + "num_dropped")
+        if built is None or built[0] != self.global_steps or folded is None:
+            return {}
+        diff = built[1] - folded
+        if diff:
+            logger.warning("step %d: the driver's mask silences %d tokens, the workers folded %d: the diagnostics "
+                           "of this step describe another mask", self.global_steps, built[1], folded)
+        return {METRIC_PREFIX + "driver_mask_diff": diff}
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs):
         """verl's validation metrics plus ``val/<benchmark>/acc`` and ``val/average/acc``; the reward's 0/1 flags

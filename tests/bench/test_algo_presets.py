@@ -120,6 +120,29 @@ PAPER_VALUES: dict[str, dict[str, object]] = {
         A + "clip_ratio_c": 1e4,
         **NO_KL,
     },
+    "taco": {
+        PL + "loss_mode": "masked_clip",
+        PL + "token_mask": "taco",
+        PL + "taco_alpha": 0.01,
+        PL + "taco_lambda": 0.9,
+        A + "loss_agg_mode": "token-mean",
+        **NO_KL,
+    },
+    "advrew": {
+        PL + "loss_mode": "masked_clip",
+        PL + "token_mask": "advrew",
+        PL + "advrew_alpha": 0.3,
+        A + "loss_agg_mode": "token-mean",
+        **NO_KL,
+    },
+    "lopti": {
+        PL + "loss_mode": "masked_clip",
+        PL + "token_mask": "none",
+        PL + "lopti": True,
+        PL + "lopti_eta": 0.5,
+        A + "loss_agg_mode": "token-mean",
+        **NO_KL,
+    },
 }
 BENCH_ALGOS = sorted(PAPER_VALUES)
 LEAD_ALGOS = {"stapo", "grpo", "justrl", "entropy20"}

@@ -18,7 +18,7 @@ from stapo.verl_plugin.config import STAPOPolicyLossConfig
 from stapo.verl_plugin.run_checks import validate_run_config
 from tests.recipe_config import config_for_verl, recipe_config
 
-PRESETS = ["tiny", "smollm2", "qwen3_1p7b", "qwen3_8b", "qwen3_14b"]
+PRESETS = ["tiny", "smollm2", "qwen3_1p7b", "qwen3_8b", "qwen3_14b", "tailbed"]
 ALGOS = ["stapo", "justrl", "grpo", "entropy20"]
 # one objective for every algorithm; they differ in the token mask (and clip/KL constants)
 TOKEN_MASK = {"stapo": "stapo", "justrl": "none", "grpo": "none", "entropy20": "entropy20"}

@@ -71,6 +71,12 @@ def test_stapo_trains_and_checkpoints(stapo_run):
         # STAPO aggregates token-mean, so verl's own actor/entropy (its aggregate of the same old-pass
         # entropies) is the driver's mean of a response token's entropy, up to the order of summation
         assert metrics["actor/stapo/entropy_token_mean"] == pytest.approx(metrics["actor/entropy"], rel=1e-5)
+        # the tail metrics: the largest position's entropy, and the silenced tokens' exact-norm share from the
+        # CPU rollout's collision probabilities (the tiny model names no unused ids: no tail/unused_* metrics)
+        assert metrics["actor/stapo/entropy_max"] >= metrics["actor/stapo/entropy_p95"]
+        assert 0 <= metrics["actor/stapo/grad_norm_share_spurious"] <= 1
+        assert (metrics["actor/stapo/grad_norm_share_spurious"] > 0) == (metrics["actor/stapo/num_spurious"] > 0)
+        assert not any(key.startswith("actor/stapo/tail/") for key in metrics)
     samples = [json.loads(line) for line in (run_dir / "token_samples.jsonl").read_text().splitlines()]
     assert {r["step"] for r in samples} == set(steps) and all(0 < r["prob"] <= 1 for r in samples)
     assert any(m["actor/grad_norm"] > 0 for m in stapo_metrics)
@@ -94,13 +100,19 @@ def test_stapo_trains_and_checkpoints(stapo_run):
 
 
 def test_stapo_with_two_fsdp_ranks_over_gloo(tmp_path):
+    """Two DP ranks, two shuffled PPO mini-batches a step, tau_h per mini-batch (the preset's paper scope):
+    the driver's diagnostics rebuild the mask from verl's split and silence what the ranks folded."""
     run = run_recipe(
-        ["algo=stapo", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "trainer.save_freq=-1"],
+        ["algo=stapo", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.shuffle=true",
+         f"stapo.run_dir={tmp_path / 'run'}"],
         tmp_path / "ckpt",
     )
     _assert_ok(run, [1, 2])
     for step in (1, 2):
         metrics = run.steps[step]
+        assert metrics["actor/stapo/threshold_scopes"] == 2
+        assert metrics["actor/stapo/driver_mask_diff"] == 0, metrics
         # the folded mask reached the token count verl divides by, summed over the mini-batches
         assert metrics["actor/stapo/loss_tokens"] == metrics["actor/stapo/num_response_tokens"] - metrics[
             "actor/stapo/num_spurious"
@@ -171,3 +183,28 @@ def test_source_current_detects_inside_the_update_across_two_ranks(tmp_path):
         # source=current does not fold: verl divides by every response token
         assert m["actor/stapo/loss_tokens"] == m["actor/stapo/num_response_tokens"], m
     assert any(m["actor/stapo/num_spurious"] > 0 for m in metrics), metrics
+
+
+def test_ar_lopti_runs_two_updates_per_step_and_steps_the_lr_once(tmp_path):
+    """The paper's AR+Lopti (algo=advrew, lopti on) through Ray and FSDP: verl's update runs twice a step (low-
+    then high-probability tokens, two mini-batches each), both phases report, and the warmup advances one step
+    per training step (a second scheduler step per step would read 2x the lr)."""
+    warmup, lr = 10, 1e-3  # the tiny preset's lr
+    run = run_recipe(
+        ["algo=advrew", "actor_rollout_ref.actor.policy_loss.lopti=true", "trainer.total_training_steps=2",
+         "trainer.save_freq=-1", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+         f"actor_rollout_ref.actor.optim.lr_warmup_steps={warmup}"],
+        tmp_path / "ckpt",
+    )
+    _assert_ok(run, [1, 2])
+    for step in (1, 2):
+        m = run.steps[step]
+        assert m["actor/lr"] == pytest.approx(lr * step / warmup, rel=1e-6), m
+        low, high = m["actor/stapo/lopti/low_tokens"], m["actor/stapo/lopti/high_tokens"]
+        assert low > 0 and high > 0, m
+        assert low + high == pytest.approx(m["response_length/mean"] * 4 * 8), m  # every token in one phase
+        for phase in ("low", "high"):
+            grad_norm = m[f"actor/stapo/lopti/{phase}/grad_norm"]
+            assert math.isfinite(grad_norm) and grad_norm > 0, m
+        assert m["actor/stapo/num_downweighted"] > 0  # advrew's weights were folded too
+    print(f"[e2e] ar+lopti: {run.seconds:.0f} s")

@@ -128,9 +128,17 @@ def test_algorithm_shows_the_thresholds_of_the_mask_in_use():
     entropy20["actor_rollout_ref"]["actor"]["policy_loss"]["token_mask"] = "entropy20"
     assert card.algorithm(entropy20)["mask_settings"] == {
         "source": "old", "entropy_top_fraction": 0.2, "entropy_denominator": "all"}
+    taco = json.loads(json.dumps(CONFIG))
+    taco["actor_rollout_ref"]["actor"]["policy_loss"].update(token_mask="taco", taco_alpha=0.01, taco_lambda=0.9)
+    assert card.algorithm(taco)["mask_settings"] == {"source": "old", "taco_alpha": 0.01, "taco_lambda": 0.9}
     grpo = json.loads(json.dumps(CONFIG))
     grpo["actor_rollout_ref"]["actor"]["policy_loss"]["token_mask"] = "none"
     assert card.algorithm(grpo)["mask_settings"] == {}
+    lopti = json.loads(json.dumps(grpo))
+    lopti["actor_rollout_ref"]["actor"]["policy_loss"].update(lopti=True, lopti_eta=0.5)
+    assert card.algorithm(lopti)["mask_settings"] == {"lopti": True, "lopti_eta": 0.5}
+    grpo["actor_rollout_ref"]["actor"]["policy_loss"].update(lopti=False, lopti_eta=0.5)
+    assert card.algorithm(grpo)["mask_settings"] == {}  # off: not shown
 
 
 def test_model_card_holds_config_algorithm_and_the_steps_metrics():

@@ -55,8 +55,8 @@ def preset_batch(algo: str, seed: int, *overrides: str):
         tensors["log_prob"] = tensors["old_log_prob"].clone()
     config = preset_actor(algo, *overrides)
     settings = MaskSettings.from_mapping(config.policy_loss)
-    response_mask, loss_mask, _ = fold_as_trainer(tensors, settings)
-    rows = ragged_rows(tensors, lengths, response_mask, loss_mask)
+    response_mask, loss_mask, built = fold_as_trainer(tensors, settings)
+    rows = ragged_rows(tensors, lengths, response_mask, loss_mask, built.weight)
     g = torch.Generator().manual_seed(seed + 100)
     rows["ref_log_prob"] = [r + 0.1 * torch.randn(len(r), generator=g, dtype=r.dtype) for r in rows["old_log_prob"]]
     if config.policy_loss.get("source", "old") != "current":

@@ -23,15 +23,19 @@ import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
+from stapo.verl_plugin.jagged import TOKEN_WEIGHT
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
 from tests.integration.verl_batches import response_rows
 
 # float sums (and their ratio) whose order of addition differs between the padded and the sharded layout
-FLOAT_SUMS = ("grad_bound_spurious", "grad_bound_positive", "grad_bound_share_spurious")
+FLOAT_SUMS = ("grad_bound_spurious", "grad_bound_positive", "grad_bound_share_spurious", "weight_sum",
+              "weight_sum_positive", "mean_weight", "mean_weight_positive", "min_weight")
 SETTINGS = {
     "stapo": MaskSettings(token_mask="stapo", tau_p=2e-3, entropy_quantile=0.8),
     "entropy20-all": MaskSettings(token_mask="entropy20"),
     "entropy20-kept": MaskSettings(token_mask="entropy20", entropy_denominator="kept"),
+    # a weighted entry: its weights stored as a field, its minimum over every rank
+    "taco": MaskSettings(token_mask="taco", taco_alpha=0.05),
 }
 
 
@@ -81,7 +85,8 @@ def _reference(batch, settings: MaskSettings):
     folded_response = mask * (~built.drop_response).long()
     folded_loss = mask * (~built.drop_count).long()
     counts = {**built.counts, FOLDED_LOSS_TOKENS: float(folded_loss.sum())}
-    return folded_response, folded_loss, finalize_metrics(get_token_mask(settings.token_mask), counts, built.stats)
+    metrics = finalize_metrics(get_token_mask(settings.token_mask), counts, built.stats)
+    return folded_response, folded_loss, metrics, built.weight
 
 
 def _free_port() -> int:
@@ -105,6 +110,7 @@ def _worker(rank: int, world: int, port: int, no_candidates_in, results) -> None
                 "loss_mask": [t.tolist() for t in data["loss_mask"].unbind()],
                 "dtype": str(data["loss_mask"].values().dtype),
                 "metrics": metrics,
+                "weight": [t.tolist() for t in data[TOKEN_WEIGHT].unbind()] if TOKEN_WEIGHT in data.keys() else None,
             }
         results[rank] = out
     finally:
@@ -128,7 +134,7 @@ def test_every_rank_folds_its_rows_of_the_whole_batch_mask(world, no_candidates_
     batch = _whole_batch(no_candidates_in)
     rows = len(batch["response_mask"])
     for name, settings in SETTINGS.items():
-        folded_response, folded_loss, expected = _reference(batch, settings)
+        folded_response, folded_loss, expected, weight = _reference(batch, settings)
         for rank, (start, end) in enumerate(_bounds(rows, world)):
             got = results[rank][name]
             for field, reference in (("response_mask", folded_response), ("loss_mask", folded_loss)):
@@ -136,6 +142,11 @@ def test_every_rank_folds_its_rows_of_the_whole_batch_mask(world, no_candidates_
                 want = [reference[r, :n].tolist() for r, n in zip(range(start, end), lengths)]
                 assert got[field] == want, (name, rank, field)
             assert got["dtype"] == "torch.int64"
+            if weight is None:
+                assert got["weight"] is None, name
+            else:  # elementwise float32 maths on another layout: equal to rounding
+                want = [weight[r, :n].tolist() for r, n in zip(range(start, end), lengths)]
+                assert [w for row in got["weight"] for w in row] == pytest.approx([w for row in want for w in row])
             assert got["metrics"].keys() == expected.keys(), name
             for key, value in expected.items():
                 assert _same(got["metrics"][key], value, key), (name, rank, key, got["metrics"][key], value)

@@ -18,6 +18,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
 from stapo.masks import TOKEN_MASK_REGISTRY, MaskSettings
+from stapo.verl_plugin.jagged import TOKEN_WEIGHT
 from stapo.verl_plugin.losses import LOSS_TOKENS_METRIC, REFUSED_METRIC, STAPOLossFn, folded_mask_update
 from stapo.verl_plugin.trainer import in_loss_step_metrics
 from tests.integration.verl_batches import (
@@ -62,10 +63,13 @@ def random_batch(seed: int, count: int = 10):
     return tensors, lengths.tolist(), prompt_lens
 
 
-def ragged_rows(tensors, lengths, response_mask, loss_mask):
-    """Rows cut to each response's length, as verl's jagged batches hold them."""
+def ragged_rows(tensors, lengths, response_mask, loss_mask, weight=None):
+    """Rows cut to each response's length, as verl's jagged batches hold them (with a weighted entry's folded
+    ``weight``, as the fold stores it)."""
     rows = {key: tensors[key] for key in ("old_log_prob", "log_prob", "advantages", "model_entropy")}
     rows.update(response_mask=response_mask.long(), loss_mask=loss_mask.long())
+    if weight is not None:
+        rows[TOKEN_WEIGHT] = weight
     return {key: [value[i, :n] for i, n in enumerate(lengths)] for key, value in rows.items()}
 
 
@@ -84,7 +88,9 @@ def reference_for_entry(tensors, settings: MaskSettings):
     keep = [[m and not d for m, d in zip(rm, rd)] for rm, rd in zip(mask, expected["drop_response"])]
     count = sum(m and not d for rm, rd in zip(mask, expected["drop_count"]) for m, d in zip(rm, rd))
     new = tensors["log_prob"].tolist()
-    loss, grad = reference_masked_loss(lists["old_log_prob"], new, lists["advantages"], keep, count)
+    loss, grad = reference_masked_loss(
+        lists["old_log_prob"], new, lists["advantages"], keep, count, weights=expected["weight"]
+    )
     return loss, grad, keep, count
 
 
@@ -104,11 +110,11 @@ def test_every_folded_mask_gives_the_reference_loss_and_gradient(name, extra, sp
     tensors, lengths, prompt_lens = random_batch(seed)
     settings = MaskSettings(token_mask=name, **extra)
     response_mask, loss_mask, built = fold_as_trainer(tensors, settings)
-    if name != "none":
-        assert built.drop_response.any()  # the mask really changes the objective
+    if name != "none":  # the mask (or the weight) really changes the objective
+        assert built.drop_response.any() or bool((built.weight[tensors["response_mask"]] < 1).any())
     loss_fn = STAPOLossFn(actor_config(token_mask=name, **extra))
     batch_tokens = int(loss_mask.sum())
-    rows = ragged_rows(tensors, lengths, response_mask, loss_mask)
+    rows = ragged_rows(tensors, lengths, response_mask, loss_mask, built.weight)
     total, grads, metrics = run_micro_batches(loss_fn, rows, prompt_lens, splits, batch_tokens)
 
     expected, expected_grad, _, count = reference_for_entry(tensors, settings)

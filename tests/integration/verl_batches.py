@@ -19,7 +19,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import MaskInputs, MaskSettings, TokenMask, build_token_mask
 from stapo.verl_plugin.config import TARGET
-from stapo.verl_plugin.jagged import fold_masks
+from stapo.verl_plugin.jagged import TOKEN_WEIGHT, fold_masks
 from stapo.verl_plugin.losses import folded_mask_update
 
 PL = "actor_rollout_ref.actor.policy_loss"
@@ -101,7 +101,7 @@ def make_micro_batch(
         },
         batch_size=len(prompt_lens),
     )
-    for key in ("rollout_is_weights", "ref_log_prob"):
+    for key in ("rollout_is_weights", "ref_log_prob", TOKEN_WEIGHT):  # TOKEN_WEIGHT: a weighted entry's, folded
         if key in rows:
             data[key] = jagged(rows[key])
     tu.assign_non_tensor(data, batch_num_tokens=batch_num_tokens, dp_size=1, global_batch_size=global_bsz)

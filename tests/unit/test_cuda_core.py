@@ -99,3 +99,24 @@ def test_linear_quantile_on_cuda_is_numpys(n):
     for q in (0.0, 0.2, 0.75, 1.0):
         got = linear_quantile(values.to(CUDA), q)
         assert float(got) == float(np.quantile(values.numpy(), q)), (n, q)
+
+
+@pytest.mark.parametrize("name", ["stapo", "entropy20"])
+def test_a_mask_in_parts_on_cuda_equals_the_cpu_build(name):
+    """The paper's per-mini-batch scope (``build_token_mask_in_parts``) on CUDA tensors and on CPU: the same
+    dropped tokens, counts and thresholds (part 1 empty, as a rank without rows of a mini-batch)."""
+    from stapo.masks import build_token_mask_in_parts
+
+    tensors = mask_inputs(3, "ties")
+    part = torch.where(torch.rand(tensors["response_mask"].shape, generator=torch.Generator().manual_seed(3)) < 0.5,
+                       0, 2)
+    settings = MaskSettings(token_mask=name, threshold_scope="mini_batch")
+    cpu = build_token_mask_in_parts(MaskInputs(**tensors), settings, part, 3)
+    gpu = build_token_mask_in_parts(MaskInputs(**on_cuda(tensors)), settings, part.to(CUDA), 3)
+    assert torch.equal(gpu.drop_response.cpu(), cpu.drop_response)
+    assert torch.equal(gpu.drop_count.cpu(), cpu.drop_count)
+    assert gpu.counts.keys() == cpu.counts.keys()
+    for key, value in cpu.counts.items():
+        assert gpu.counts[key] == pytest.approx(value, rel=1e-9), key
+    for key, value in cpu.stats.items():
+        assert gpu.stats[key] == pytest.approx(value, rel=1e-6, nan_ok=True), key

@@ -202,3 +202,36 @@ def test_grad_norm_lower_bound_is_the_closed_form_and_below_the_exact_norm():
     assert 1 - 2 * float(p[0]) + math.exp(-float(entropy[0])) < -0.1 and float(lower[0]) == 0.0
     assert (lower <= logit_grad_norm_sq(logits, token_ids, weight) * (1 + 1e-12)).all()
     assert lower.dtype == torch.float64
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_norm_shares_match_autograd_norms(seed):
+    """The silenced tokens' share of the exact logit-gradient norm |A| ||e_a - pi|| (and of its square) over the
+    positive-advantage tokens, against per-token autograd gradients summed in a loop."""
+    from stapo.gradnorm import collision_probability, exact_norm_shares
+
+    logits, token_ids, _ = _random_logits(seed, vocab=50)
+    g = torch.Generator().manual_seed(seed + 7)
+    tokens = logits.shape[0]
+    advantages = torch.randn(tokens, generator=g, dtype=torch.float64)
+    advantages[:3] = 0.0
+    silenced = torch.rand(tokens, generator=g) < 0.3
+    mask = torch.rand(tokens, generator=g) < 0.9
+    p = torch.softmax(logits, dim=-1).gather(-1, token_ids[:, None])[:, 0]
+    got = exact_norm_shares(p, collision_probability(logits), advantages, silenced, mask)
+    norms = {"all": 0.0, "silenced": 0.0, "all_sq": 0.0, "silenced_sq": 0.0}
+    for k in range(tokens):
+        if not (mask[k] and advantages[k] > 0):
+            continue
+        row = logits[k].clone().requires_grad_(True)
+        (advantages[k] * torch.log_softmax(row, dim=-1)[token_ids[k]]).backward()
+        sq = float(row.grad.pow(2).sum())
+        norms["all"] += math.sqrt(sq)
+        norms["all_sq"] += sq
+        if silenced[k]:
+            norms["silenced"] += math.sqrt(sq)
+            norms["silenced_sq"] += sq
+    assert got["grad_norm_share_spurious"] == pytest.approx(norms["silenced"] / norms["all"], rel=1e-9)
+    assert got["grad_norm_sq_share_spurious"] == pytest.approx(norms["silenced_sq"] / norms["all_sq"], rel=1e-9)
+    nothing = exact_norm_shares(p, collision_probability(logits), -advantages.abs(), silenced, mask)
+    assert math.isnan(nothing["grad_norm_share_spurious"]) and math.isnan(nothing["grad_norm_sq_share_spurious"])

@@ -2,8 +2,9 @@
 config may not drift from them.
 
 conf/algo/stapo.yaml is the paper's recipe and spells its values out for the reader; where a key
-there means the same thing as a ``MaskSettings`` default, the two must be equal. ``token_mask``
-differs on purpose: the default is no mask (a plain verl run), the preset turns S2T on.
+there means the same thing as a ``MaskSettings`` default, the two must be equal. ``token_mask`` and
+``threshold_scope`` differ on purpose: the default is no mask (a plain verl run) with thresholds over the
+step's batch, the preset turns S2T on with the paper's scope, each PPO mini-batch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from stapo.masks import TOKEN_MASK_REGISTRY, MaskSettings
 from stapo.verl_plugin.config import STAPOPolicyLossConfig
 
 ALGO_DIR = Path(__file__).resolve().parents[2] / "conf" / "algo"
-SAME_MEANING = ("source", "tau_p", "entropy_quantile", "entropy_top_fraction", "entropy_denominator")
+SAME_MEANING = ("source", "tau_p", "entropy_quantile", "entropy_top_fraction", "entropy_denominator", "taco_alpha",
+                "taco_lambda", "advrew_alpha", "lopti", "lopti_eta")
+DIFFERS = ("token_mask", "threshold_scope")
 
 
 def preset_policy_loss(name: str):
@@ -27,11 +30,12 @@ def preset_policy_loss(name: str):
 
 def test_paper_preset_spells_out_the_defaults():
     policy_loss, defaults = preset_policy_loss("stapo"), MaskSettings()
-    assert set(SAME_MEANING) | {"token_mask"} == {f.name for f in dataclasses.fields(MaskSettings)}
+    assert set(SAME_MEANING) | set(DIFFERS) <= {f.name for f in dataclasses.fields(MaskSettings)}
     for key in SAME_MEANING:
         assert key in policy_loss, f"conf/algo/stapo.yaml does not spell out policy_loss.{key}"
         assert policy_loss[key] == getattr(defaults, key), key
     assert policy_loss.token_mask == "stapo" and defaults.token_mask == "none"
+    assert policy_loss.threshold_scope == "mini_batch" and defaults.threshold_scope == "step"
 
 
 def test_typed_verl_config_has_every_setting_with_the_same_default():

@@ -28,6 +28,8 @@ from stapo.validation import STAPOConfigError
 from tests.reference import REFERENCES
 
 NAN, INF = float("nan"), float("inf")
+# float values torch sums (or exponentiates) in another order than the loop: equal to rounding; counts exactly
+FLOAT_VALUES = ("grad_bound", "weight_sum", "min_weight")
 
 
 def mask_inputs(seed: int, case: str, rows: int = 10, cols: int = 24) -> dict[str, torch.Tensor]:
@@ -93,11 +95,14 @@ def assert_matches_reference(built: TokenMask, expected: dict) -> None:
     assert built.drop_count.tolist() == expected["drop_count"]
     assert sorted(built.counts) == sorted(expected["counts"])
     for key, value in expected["counts"].items():
-        # sums of float64 bounds are summed in another order by torch: equal to rounding; counts exactly
-        assert same(built.counts[key], value, rel=1e-12 if key.startswith("grad_bound") else 0.0), key
+        assert same(built.counts[key], value, rel=1e-12 if key.startswith(FLOAT_VALUES) else 0.0), key
     assert sorted(built.stats) == sorted(expected["stats"])
     for key, value in expected["stats"].items():
-        assert same(built.stats[key], value), (key, built.stats[key], value)
+        assert same(built.stats[key], value, rel=1e-12 if key.startswith(FLOAT_VALUES) else 0.0), key
+    if expected["weight"] is None:
+        assert built.weight is None  # a 0/1 entry: no weight reaches the loss
+    else:
+        assert torch.tensor(expected["weight"], dtype=torch.float64).allclose(built.weight.double(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=["defaults", "other", "edges"])
@@ -270,3 +275,40 @@ def test_entropy20_threshold_is_exact_above_the_percentile_sampling_size(top_fra
     threshold = float(np.quantile(values, 1.0 - top_fraction))
     assert built.stats["entropy_threshold"] == threshold
     assert built.counts["num_kept"] == int((values >= threshold).sum())
+
+
+@pytest.mark.parametrize("name", ["stapo", "entropy20"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_mask_built_in_parts_is_each_parts_own_mask(name, seed):
+    """``build_token_mask_in_parts`` (the paper's per-mini-batch scope) against the loop reference run on each
+    part's tokens alone: the dropped tokens, the counts summed, the thresholds averaged over the parts where
+    they are defined; part 1 holds no token (a rank without rows in a mini-batch still builds it)."""
+    from stapo.masks import build_token_mask_in_parts
+
+    tensors = mask_inputs(seed, "ties" if seed else "plain")
+    mask = tensors["response_mask"]
+    part = torch.where(torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)) < 0.5, 0, 2)
+    settings = MaskSettings(token_mask=name, threshold_scope="mini_batch")
+    built = build_token_mask_in_parts(MaskInputs(**tensors), settings, part, num_parts=3)
+    counts: dict[str, float] = {}
+    stats: dict[str, list[float]] = {}
+    for k in range(3):
+        where = mask & (part == k)
+        one_row = {key: [[float(v) for v in value[where]]] for key, value in tensors.items() if key != "response_mask"}
+        one_row["response_mask"] = [[1] * int(where.sum())]
+        reference = REFERENCES[name](one_row, dataclasses.asdict(settings))
+        assert built.drop_response[where].tolist() == reference["drop_response"][0], k
+        assert built.drop_count[where].tolist() == reference["drop_count"][0], k
+        for key, value in reference["counts"].items():
+            counts[key] = counts.get(key, 0.0) + value
+        for key, value in reference["stats"].items():
+            stats.setdefault(key, []).append(value)
+    assert not bool((built.drop_response & ~mask).any())
+    for key, value in counts.items():
+        if key != "empty_responses":  # per row of the whole input, not per part
+            assert built.counts[key] == pytest.approx(value, rel=1e-9), key
+    assert built.counts["empty_responses"] == float((~mask.any(dim=-1)).sum())
+    for key, values in stats.items():
+        defined = [v for v in values if not math.isnan(v)]
+        assert built.stats[key] == pytest.approx(sum(defined) / len(defined), rel=1e-9), key
+    assert built.stats["threshold_scopes"] == 3.0

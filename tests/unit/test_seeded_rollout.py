@@ -63,7 +63,7 @@ def test_filter_matches_hf_warpers(temperature, top_k, top_p):
 def test_kv_cache_loop_matches_full_recompute(model_dir):
     model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
     sampling = Sampling(temperature=1.0, top_k=30, max_tokens=10, logprobs=True)
-    tokens, log_probs, _ = sample_group(model, [5, 6, 7, 8], sampling, seeds=[123], eos_ids=[EOS])[0]
+    tokens, log_probs, _, _ = sample_group(model, [5, 6, 7, 8], sampling, seeds=[123], eos_ids=[EOS])[0]
     generator = torch.Generator().manual_seed(123)
     sequence, expected = [5, 6, 7, 8], []
     with torch.no_grad():
@@ -75,6 +75,33 @@ def test_kv_cache_loop_matches_full_recompute(model_dir):
             sequence.append(token)
     assert tokens == sequence[4:]
     assert log_probs == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("unused_from", [None, 60])
+def test_token_stats_are_those_of_the_distribution_the_log_probs_come_from(model_dir, unused_from):
+    """Each sampled position's collision probability and mass on ids >= ``unused_from``, against the softmax
+    of a full recompute without KV cache (float64), at the rollout temperature; the sampled unused ids counted."""
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    prompt, temperature = [5, 6, 7, 8], 0.8
+    sampling = Sampling(temperature=temperature, max_tokens=10, logprobs=True)
+    rows = sample_batch(model, [prompt, prompt[1:]], sampling, [11, 12], [EOS], unused_from=unused_from)
+    for row_prompt, (tokens, _, _, stats) in zip([prompt, prompt[1:]], rows):
+        with torch.no_grad():
+            logits = model(torch.tensor([row_prompt + tokens])).logits[0, len(row_prompt) - 1 : -1].double()
+        probs = torch.softmax(logits / temperature, dim=-1)
+        assert stats["collision"] == pytest.approx([float((row ** 2).sum()) for row in probs], rel=1e-4)
+        if unused_from is None:
+            assert set(stats) == {"collision"}
+            continue
+        assert stats["unused_mass"] == pytest.approx([float(row[unused_from:].sum()) for row in probs], rel=1e-4)
+        assert stats["unused_sampled"] == sum(token >= unused_from for token in tokens)
+    assert sample_batch(model, [prompt], Sampling(max_tokens=4), [3], [EOS], unused_from)[0][3] is None
+
+
+def test_the_server_returns_token_stats_with_log_probs(server):
+    out = asyncio.run(_generate(server, [3, 4, 5, 6], 5))
+    stats = out.extra_fields["stapo_token_stats"]
+    assert len(stats["collision"]) == len(out.token_ids) > 0 and all(0 < c <= 1 for c in stats["collision"])
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.3])
@@ -89,7 +116,7 @@ def test_log_probs_are_the_actors_at_the_rollout_temperature(model_dir, temperat
     model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
     prompt = [5, 6, 7, 8]
     sampling = Sampling(temperature=temperature, top_k=30, max_tokens=10, logprobs=True)
-    tokens, log_probs, _ = sample_group(model, prompt, sampling, seeds=[321], eos_ids=[EOS])[0]
+    tokens, log_probs, _, _ = sample_group(model, prompt, sampling, seeds=[321], eos_ids=[EOS])[0]
     sequence = torch.tensor([prompt + tokens])
     with torch.no_grad():
         logits = model(sequence).logits[0, len(prompt) - 1 : -1]
@@ -184,7 +211,7 @@ def test_group_rows_match_one_sample_recomputed_alone(model_dir, rows):
     results = sample_group(model, [5, 6, 7, 8], sampling, seeds, eos_ids)
     assert len(results) == rows
     lengths = set()
-    for seed, (tokens, log_probs, stop) in zip(seeds, results):
+    for seed, (tokens, log_probs, stop, _) in zip(seeds, results):
         expected_tokens, expected_log_probs = _reference_row(model, [5, 6, 7, 8], seed, 30, 10, eos_ids)
         assert tokens == expected_tokens
         assert log_probs == pytest.approx(expected_log_probs, abs=1e-5)
@@ -208,7 +235,7 @@ def test_a_batch_of_several_prompts_matches_each_row_recomputed_alone(model_dir)
     seeds = [request_seed(1, 1, f"p{i}", "s0") for i in range(len(prompts))]
     results = sample_batch(model, prompts, sampling, seeds, eos_ids)
     lengths = set()
-    for prompt, seed, (tokens, log_probs, stop) in zip(prompts, seeds, results):
+    for prompt, seed, (tokens, log_probs, stop, _) in zip(prompts, seeds, results):
         expected_tokens, expected_log_probs = _reference_row(model, prompt, seed, 30, 10, eos_ids)
         assert tokens == expected_tokens
         assert log_probs == pytest.approx(expected_log_probs, abs=1e-5)

@@ -32,7 +32,8 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from stapo.models.generation import generation_ids
-from stapo.verl_plugin.cpu.sampling import Sampling, sample_batch
+from stapo.models.qwen3 import UNUSED_FROM_KEY
+from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD, Sampling, sample_batch
 from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,8 @@ class HFGenerationServer:
         self.response_length = response_length
         self.prompt_length = prompt_length
         self.eos_ids = generation_ids(self.model.generation_config).eos_ids
+        # ids the task never needs (a testbed's filler tokens), as the model's config declares them
+        self.unused_from = getattr(self.model.config, UNUSED_FROM_KEY, None)
         self.global_steps = None
         self.weight_version = 0
         self.threads = threads if threads > 0 else max(1, min(4, os.cpu_count() or 1))
@@ -151,19 +154,18 @@ class HFGenerationServer:
         sampling = self.sampling(prompt_ids, params)
         seed = self._seed(request_id, params.get("seed"), sampling)
         if self._batches:
-            tokens, log_probs, stop = await self._generate_in_batch(list(prompt_ids), sampling, seed)
+            tokens, log_probs, stop, stats = await self._generate_in_batch(list(prompt_ids), sampling, seed)
         elif group is None or int(group["size"]) == 1:
-            tokens, log_probs, stop = (await self._sample([list(prompt_ids)], sampling, [seed]))[0]
+            tokens, log_probs, stop, stats = (await self._sample([list(prompt_ids)], sampling, [seed]))[0]
         else:
-            tokens, log_probs, stop = await self._generate_in_group(group, list(prompt_ids), sampling, seed)
-        return TokenOutput(
-            token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra_fields={"global_steps": self.global_steps}
-        )
+            tokens, log_probs, stop, stats = await self._generate_in_group(group, list(prompt_ids), sampling, seed)
+        extra = {"global_steps": self.global_steps, **({TOKEN_STATS_FIELD: stats} if stats is not None else {})}
+        return TokenOutput(token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra_fields=extra)
 
     async def _sample(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int | None]) -> list[tuple]:
         """``sample_batch`` (one row per prompt and seed) in the server's thread pool (one intra-op thread each,
         see the class docstring)."""
-        run = (sample_batch, self.model, prompts, sampling, seeds, self.eos_ids)
+        run = (sample_batch, self.model, prompts, sampling, seeds, self.eos_ids, self.unused_from)
         return await asyncio.get_running_loop().run_in_executor(self._pool, *run)
 
     def _seed(self, request_id: str, seed: int | None, sampling: Sampling) -> int | None:

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+# the TokenOutput extra field (then verl's ``extra_fields`` of the row) holding a response's token stats
+TOKEN_STATS_FIELD = "stapo_token_stats"
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -70,8 +73,9 @@ def next_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Genera
 
 def sample_group(
     model, prompt_ids: list[int], sampling: Sampling, seeds: list[int | None], eos_ids: list[int]
-) -> list[tuple[list[int], list[float] | None, str]]:
-    """Generate one response per seed for the same prompt: ``[(tokens, log-probs or None, stop reason)]``.
+) -> list[tuple[list[int], list[float] | None, str, dict | None]]:
+    """Generate one response per seed for the same prompt: ``[(tokens, log-probs or None, stop reason, token
+    stats or None)]``.
 
     :func:`sample_batch` with every row on one prompt: the prompt is encoded once (batch of one) and its
     KV cache repeated for the rows. With one seed this is a plain KV-cache sampling loop.
@@ -91,10 +95,21 @@ def _generators(sampling: Sampling, seeds: list[int | None]) -> list[torch.Gener
     return generators
 
 
+def token_stats(log_probs: torch.Tensor, unused_from: int | None) -> tuple[float, float | None]:
+    """Of one position's distribution (log-probs over the vocabulary): the collision probability
+    ``sum_v pi(v)^2``, which gives the exact logit-gradient norm ``sqrt(1 - 2p + sum_v pi(v)^2)`` of the sampled
+    token (docs/algorithm.md section 5), and the mass on ids ``>= unused_from`` (tokens the task never needs;
+    None without them). The actor's pass returns only log-probs and entropy; the rollout has the whole row."""
+    probs = log_probs.exp()
+    unused = None if unused_from is None else float(probs[unused_from:].sum())
+    return float(probs.square().sum()), unused
+
+
 @torch.no_grad()
 def sample_batch(
-    model, prompts: list[list[int]], sampling: Sampling, seeds: list[int | None], eos_ids: list[int]
-) -> list[tuple[list[int], list[float] | None, str]]:
+    model, prompts: list[list[int]], sampling: Sampling, seeds: list[int | None], eos_ids: list[int],
+    unused_from: int | None = None,
+) -> list[tuple[list[int], list[float] | None, str, dict | None]]:
     """One response per row (``prompts[i]``, ``seeds[i]``), all rows decoded as one batch.
 
     Each distinct prompt is encoded once; prompts of different lengths are left-padded (masked, with the
@@ -104,7 +119,9 @@ def sample_batch(
     order, so what a row computes depends on the batch's rows, never on their order. The log-probs are of
     the logits divided by the temperature, without top-k/p: the quantity verl's actor recomputes (it
     scales its logits by the rollout temperature), so verl's rollout-vs-actor metrics and rollout
-    correction weights compare like with like (greedy requests: temperature 1).
+    correction weights compare like with like (greedy requests: temperature 1). With log-probs, each row
+    also gets its tokens' :func:`token_stats` of that same distribution (``collision``, and ``unused_mass``
+    and ``unused_sampled``, the count of drawn ids ``>= unused_from``, when the model names its unused ids).
     """
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts for {len(seeds)} seeds: one of each per row")
@@ -136,6 +153,8 @@ def sample_batch(
     positions = lengths[row_prompt]
     tokens: list[list[int]] = [[] for _ in range(rows)]
     log_probs: list[list[float]] = [[] for _ in range(rows)]
+    stats: list[dict] = [{"collision": [], **({"unused_mass": [], "unused_sampled": 0} if unused_from else {})}
+                         for _ in range(rows)]
     stops = ["length"] * rows
     for step in range(sampling.max_tokens):
         drawn = []
@@ -146,7 +165,13 @@ def sample_batch(
                 continue  # finished earlier: the slot stays, the draw is discarded
             tokens[row].append(token)
             if sampling.logprobs:
-                log_probs[row].append(float(torch.log_softmax(logits[row] / log_prob_temperature, dim=-1)[token]))
+                row_log_probs = torch.log_softmax(logits[row] / log_prob_temperature, dim=-1)
+                log_probs[row].append(float(row_log_probs[token]))
+                collision, unused = token_stats(row_log_probs, unused_from)
+                stats[row]["collision"].append(collision)
+                if unused is not None:
+                    stats[row]["unused_mass"].append(unused)
+                    stats[row]["unused_sampled"] += int(token >= unused_from)
             if token in eos_ids:
                 stops[row] = "completed"
         if all(stop == "completed" for stop in stops) or step + 1 == sampling.max_tokens:
@@ -160,4 +185,6 @@ def sample_batch(
             out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
         past = out.past_key_values
         logits = out.logits[:, -1].float()
-    return [(tokens[row], log_probs[row] if sampling.logprobs else None, stops[row]) for row in range(rows)]
+    if not sampling.logprobs:
+        return [(tokens[row], None, stops[row], None) for row in range(rows)]
+    return [(tokens[row], log_probs[row], stops[row], stats[row]) for row in range(rows)]
