@@ -102,7 +102,7 @@ def assert_matches_reference(built: TokenMask, expected: dict) -> None:
     if expected["weight"] is None:
         assert built.weight is None  # a 0/1 entry: no weight reaches the loss
     else:
-        assert torch.tensor(expected["weight"], dtype=torch.float64).allclose(built.weight.double(), rtol=1e-12)
+        assert torch.tensor(expected["weight"], dtype=torch.float64).allclose(built.weight.double().cpu(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=["defaults", "other", "edges"])
