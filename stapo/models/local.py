@@ -14,6 +14,7 @@ LOCAL_MODELS = {
     "tiny": ("stapo.models.tiny", "build_tiny_model"),
     "smollm2": ("stapo.models.smollm2", "smollm2_path"),
     "testbed": ("stapo.models.testbed", "build_testbed_model"),
+    "tailbed": ("stapo.models.tailbed", "build_tailbed_model"),
 }
 
 

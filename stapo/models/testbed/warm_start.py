@@ -33,17 +33,28 @@ def sft_batch(tokenizer, batch: list[tuple[int, ...]]) -> dict[str, torch.Tensor
     """Right-padded inputs with labels on the assistant turn only (-100 elsewhere)."""
     rows = []
     for operands in batch:
-        prompt, full = _encode(tokenizer, operands, False), _encode(tokenizer, operands, True)
-        assert full[: len(prompt)] == prompt, "the chat template must extend the prompt with the answer"
-        rows.append((full, len(prompt)))
-    width = max(len(full) for full, _ in rows)
+        prompt, reply = prompt_and_reply(tokenizer, operands)
+        rows.append((prompt + reply, [-100] * len(prompt) + reply))
+    return padded_batch(tokenizer, rows)
+
+
+def prompt_and_reply(tokenizer, operands: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """The ids of the rendered prompt and of the worked solution's assistant turn (its end token included)."""
+    prompt, full = _encode(tokenizer, operands, False), _encode(tokenizer, operands, True)
+    assert full[: len(prompt)] == prompt, "the chat template must extend the prompt with the answer"
+    return prompt, full[len(prompt):]
+
+
+def padded_batch(tokenizer, rows: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+    """``(input_ids, labels)`` rows right-padded into one batch (labels -100 on the padding)."""
+    width = max(len(ids) for ids, _ in rows)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     labels = torch.full((len(rows), width), -100)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for row, (full, prompt_length) in enumerate(rows):
-        input_ids[row, : len(full)] = torch.tensor(full)
-        labels[row, prompt_length : len(full)] = torch.tensor(full[prompt_length:])
-        attention_mask[row, : len(full)] = 1
+    for row, (ids, row_labels) in enumerate(rows):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, : len(ids)] = torch.tensor(row_labels)
+        attention_mask[row, : len(ids)] = 1
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
@@ -61,12 +72,19 @@ def learning_rate(step: int, recipe: dict) -> float:
 def supervised_warm_start(model, tokenizer, recipe: dict, difficulty: Difficulty, log=None) -> None:
     """``recipe["sft_steps"]`` AdamW steps on the training split, in a fixed order (seeded stream)."""
     stream = problems("train", recipe["seed"], difficulty, distinct=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=recipe["weight_decay"])
+    batches = (sft_batch(tokenizer, list(islice(stream, recipe["sft_batch_size"]))) for _ in range(recipe["sft_steps"]))
+    supervised_steps(model, recipe, batches, log)
+
+
+def supervised_steps(model, schedule: dict, batches, log=None) -> None:
+    """One fresh AdamW step a batch for ``schedule["sft_steps"]`` steps, at ``learning_rate(step, schedule)``
+    with ``schedule["weight_decay"]``; the model is left in eval mode."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=schedule["lr"], weight_decay=schedule["weight_decay"])
     model.train()
-    for step in range(recipe["sft_steps"]):
+    for step, batch in zip(range(schedule["sft_steps"]), batches):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, recipe)
-        loss = model(**sft_batch(tokenizer, list(islice(stream, recipe["sft_batch_size"])))).loss
+            group["lr"] = learning_rate(step, schedule)
+        loss = model(**batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
