@@ -80,7 +80,7 @@ def test_export_folder_holds_model_tokenizer_generation_config_and_card(trained)
             assert (out / path.name).read_bytes() == path.read_bytes(), path.name
     card = (out / "README.md").read_text()
     assert f"step {STEP}" in card and "loss_mode masked_clip" in card
-    assert "| token mask | stapo (source old, tau_p 0.002, entropy_quantile 0.75) |" in card
+    assert "| token mask | stapo (source old, tau_p 0.002, entropy_quantile 0.75, threshold_scope mini_batch) |" in card
     metrics = read_metrics(trained["run_dir"])[STEP]
     value = metrics["actor/stapo/mask_ratio"]
     assert f"| actor/stapo/mask_ratio | {value:.6g} |" in card

@@ -24,6 +24,7 @@ from stapo.masks import MaskInputs, build_token_mask
 from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.token_sample import token_sample
 from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
+from stapo.verl_plugin.driver_diagnostics import ENTROPY_MAX
 from tests.integration.verl_batches import response_rows
 from tests.spurious_log_reference import write_padded_log
 
@@ -50,11 +51,13 @@ def _reference(batch, settings, diagnostics, log: SpuriousTokenLog, tokenizer):
     grid = threshold_grid(log_prob, entropy, advantages, mask, diagnostics.tau_ps, diagnostics.qs)
     metrics = {"actor/stapo/ablation/" + k: v for k, v in grid.items()}
     # the mean entropy of a response token, summed token by token in float64 over the unpadded rows
-    total, count = 0.0, 0
+    total, count, largest = 0.0, 0, -math.inf
     for row_entropy, row_mask in zip(batch["entropy"], batch["response_mask"], strict=True):
         for value, kept in zip(row_entropy.tolist(), row_mask.tolist(), strict=True):
             total, count = (total + value, count + 1) if kept else (total, count)
+            largest = max(largest, value) if kept else largest
     metrics[ENTROPY_TOKEN_MEAN] = total / count
+    metrics[ENTROPY_MAX] = largest  # the tail metrics' largest position (no token stats here: no others)
     padded = {"old_log_probs": log_prob, "entropy": entropy, "response_mask": mask}
     write_padded_log(log, 1, _padded(batch["responses"], tokenizer.pad_token_id), built.drop_response, padded,
                      tokenizer)
