@@ -58,3 +58,13 @@ def _exclusive(lock_path: Path, target: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_checkpoint(target: Path, model, tokenizer, marker: str, report: dict) -> None:
+    """A built model's folder: the HF checkpoint, its tokenizer and, last, the marker holding the recipe and what
+    the build measured (``build_once`` takes a folder with its marker for a finished build)."""
+    import json
+
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    (target / marker).write_text(json.dumps(report, indent=2) + "\n")

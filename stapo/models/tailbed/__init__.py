@@ -20,11 +20,10 @@ count: the same weights bit for bit) and cached under ``~/.cache/stapo/tailbed-q
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-from stapo.models.cache import build_once
+from stapo.models.cache import build_once, save_checkpoint
 from stapo.models.testbed import RECIPE as TESTBED_RECIPE
 from stapo.models.testbed import build_testbed_model, difficulty_of, recipe_key
 from stapo.models.tiny import default_cache_dir
@@ -130,8 +129,6 @@ def _build(target: Path, recipe: dict, base_path: str) -> None:
                            recipe["max_new_tokens"], filler_start())
     finally:
         torch.set_num_threads(threads)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
     report = {
         "recipe": recipe,
         "seed": recipe["seed"],
@@ -142,7 +139,7 @@ def _build(target: Path, recipe: dict, base_path: str) -> None:
         "sft_seconds": round(trained - start, 1),
         "build_seconds": round(time.perf_counter() - start, 1),
     }
-    (target / MARKER).write_text(json.dumps(report, indent=2) + "\n")
+    save_checkpoint(target, model, tokenizer, MARKER, report)
     print(f"[tailbed] built in {report['build_seconds']:.0f} s: greedy {measured['greedy_pass_rate']:.3f}, "
           f"T=1 {measured['t1_pass_rate']:.3f}, probe {measured['probe_pass_rate']:.3f}", flush=True)
 

@@ -21,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from stapo.models.cache import build_once
+from stapo.models.cache import build_once, save_checkpoint
 from stapo.models.tiny import default_cache_dir
 
 MARKER = "stapo_testbed.json"
@@ -115,8 +115,6 @@ def _build(target: Path, recipe: dict) -> None:
                  "t1": pass_rate(model, tokenizer, heldout, recipe, 1.0)}
     finally:
         torch.set_num_threads(threads)
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
     report = {
         "recipe": recipe,
         "seed": recipe["seed"],
@@ -125,7 +123,7 @@ def _build(target: Path, recipe: dict) -> None:
         "sft_seconds": round(trained - start, 1),
         "build_seconds": round(time.perf_counter() - start, 1),
     }
-    (target / MARKER).write_text(json.dumps(report, indent=2) + "\n")
+    save_checkpoint(target, model, tokenizer, MARKER, report)
 
 
 def build_testbed_model(cache_dir: str | Path | None = None, recipe: dict | None = None) -> str:
