@@ -34,6 +34,7 @@ from stapo.token_sample import spread_positions
 from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD
 from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
 from stapo.verl_plugin.jagged import flat_fields
+from stapo.verl_plugin.losses import METRIC_PREFIX
 from stapo.verl_plugin.mini_batches import MiniBatchSplit, token_parts
 
 REWARD_EXTRA_FIELD = "extra_fields"
@@ -41,9 +42,8 @@ REWARD_EXTRA_FIELD = "extra_fields"
 DIAGNOSTIC_FIELDS = ("response_mask", "advantages", "entropy", "old_log_probs")
 # what a tail-driven entropy event shows as (docs/algorithm.md section 5): one position's entropy, the mass on
 # tokens the task never needs; and the silenced tokens' share of the exact logit-gradient norm
-ENTROPY_MAX = "actor/stapo/entropy_max"
-TAIL_PREFIX = "actor/stapo/tail/"
-METRIC_PREFIX = "actor/stapo/"
+ENTROPY_MAX = METRIC_PREFIX + "entropy_max"
+TAIL_PREFIX = METRIC_PREFIX + "tail/"
 
 
 @dataclass(frozen=True)
