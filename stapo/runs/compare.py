@@ -35,6 +35,7 @@ from stapo.runs.folder import RunData
 from stapo.runs.stats import mean_se
 from stapo.runs.summary import (
     QUANTITIES,
+    TAIL_QUANTITIES,
     accuracy_series,
     configured_steps,
     last_step,
@@ -42,13 +43,22 @@ from stapo.runs.summary import (
     ran_to_the_end,
     summarize_run,
 )
-from stapo.runs.tables import GridAxis, entropy_is_token_mean, grid_tables, markdown_table, paired_table, step_line
+from stapo.runs.tables import (
+    GridAxis,
+    entropy_is_token_mean,
+    grid_tables,
+    markdown_table,
+    paired_table,
+    paired_tail_table,
+    step_line,
+    tail_table,
+)
 from stapo.runs.threshold_table import threshold_table
 
 __all__ = ["ComparisonError", "comparison_step", "mean_se", "paired_differences", "summarize_group",
            "summarize_run", "write_comparison"]
 
-PAIRED = ("final_acc", "best_acc", "late_reward", "entropy_last", "wall_s")
+PAIRED = ("final_acc", "best_acc", "late_reward", "entropy_last", "wall_s", *TAIL_QUANTITIES)
 
 
 def add_step_option(parser) -> None:
@@ -223,11 +233,12 @@ def build_comparison(
         "acc_key": "val/average/acc",
         "groups": summary,
     }
-    text = step_line(document) + markdown_table(summary)
+    text = step_line(document) + markdown_table(summary) + tail_table(summary)
     if paired and len(summary) > 1:
         baseline = summary[0]["group"] if baseline is None else baseline
         document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}
         text += paired_table(document["paired"]["groups"], baseline)
+        text += paired_tail_table(document["paired"]["groups"], baseline)
     if grid is not None:
         text += grid_tables(summary, *grid)
     # the threshold grid of the groups that train with the S2T mask (the others log it too: the same

@@ -15,6 +15,14 @@ Per run, at step ``at``:
 - ``entropy_first`` / ``entropy_last``: the mean entropy of a response token at the first logged step and
   at ``at``;
 - ``mask_ratio``, ``grad_share``: over steps 1..``at`` (docs/algorithm.md section 5);
+- the tail (docs/algorithm.md section 5; logged on the driver's diagnostic steps, None where a run logged
+  none, e.g. on vLLM or a model without unused tokens): ``tail_mass`` / ``tail_mass_late``, the mean
+  probability mass a position puts on tokens the task never needs, over steps 1..``at`` and over the last
+  ``LATE_STEPS``; ``tail_mass_peak``, the largest single position's mass in any step; ``entropy_max_peak``,
+  the largest single position's entropy in any step; ``entropy_peak``, the largest mean entropy of any
+  step (an explosion that has passed by ``at`` still shows here); ``norm_share``, the mean over steps of
+  the S2T tokens' (silenced, or would-be-silenced for algorithms without the mask) share of the positive
+  tokens' exact logit-gradient norm;
 - ``wall_s``: the sweep's own clock summed over the run's segments (a resumed run's restarts included)
   when every compared run ran to its end at ``at``, else the logged step times up to ``at``.
 
@@ -45,10 +53,19 @@ MASK = "actor/stapo/mask_ratio"
 # the spurious tokens' and all positive-advantage tokens' summed gradient-norm bounds, per step
 GRAD_BOUND = ("actor/stapo/grad_bound_spurious", "actor/stapo/grad_bound_positive")
 REWARD = ("critic/score/mean", "critic/rewards/mean")
+# the tail metrics (stapo.verl_plugin.driver_diagnostics logs them; tests/bench/test_tail_comparison.py keeps
+# the names equal)
+TAIL_MASS = "actor/stapo/tail/unused_mass_mean"
+TAIL_MASS_MAX = "actor/stapo/tail/unused_mass_max"
+TAIL_SAMPLED = "actor/stapo/tail/unused_sampled_frac"
+ENTROPY_MAX = "actor/stapo/entropy_max"
+NORM_SHARE = "actor/stapo/grad_norm_share_spurious"
+NORM_SQ_SHARE = "actor/stapo/grad_norm_sq_share_spurious"
 LATE_STEPS = 10
+TAIL_QUANTITIES = ("tail_mass", "tail_mass_late", "tail_mass_peak", "entropy_max_peak", "entropy_peak", "norm_share")
 QUANTITIES = (
     "initial_acc", "final_acc", "best_acc", "late_reward", "entropy_first", "entropy_last", "mask_ratio",
-    "grad_share", "wall_s",
+    "grad_share", "wall_s", *TAIL_QUANTITIES,
 )
 # kept per step in comparison.json (under the name on the left) where the run logged them
 SERIES = {
@@ -65,6 +82,12 @@ SERIES = {
     "ppo_kl": "actor/ppo_kl",
     "grad_norm": "actor/grad_norm",
     "step_s": STEP_TIME,
+    "tail_mass": TAIL_MASS,
+    "tail_mass_max": TAIL_MASS_MAX,
+    "tail_sampled": TAIL_SAMPLED,
+    "entropy_max": ENTROPY_MAX,
+    "norm_share": NORM_SHARE,
+    "norm_sq_share": NORM_SQ_SHARE,
 }
 
 
@@ -109,6 +132,10 @@ def step_mean(series: dict[int, float], last: int | None = None) -> float | None
     """Mean of a per-step series, over its ``last`` steps when given; None when empty."""
     values = [series[step] for step in sorted(series)[-last if last else 0:]]
     return math.fsum(values) / len(values) if values else None
+
+
+def step_max(series: dict[int, float]) -> float | None:
+    return max(series.values()) if series else None
 
 
 def pooled_share(steps: dict[int, dict[str, float]], part: str, whole: str) -> float | None:
@@ -192,6 +219,7 @@ def summarize_run(
     entropy = entropy or key_series(steps, ENTROPY)
     reward = next((s for key in REWARD if (s := key_series(steps, key))), {})
     late = {step: value for step, value in reward.items() if at - late_steps < step <= at}
+    tail_mass = key_series(steps, TAIL_MASS)
     values = {
         "initial_acc": acc.get(0),
         "final_acc": acc[shared[-1]] if shared and shared[-1] > 0 else None,
@@ -202,6 +230,12 @@ def summarize_run(
         "mask_ratio": step_mean(key_series(steps, MASK)),
         "grad_share": pooled_share(steps, *GRAD_BOUND),
         "wall_s": wall_seconds(run, at, whole_runs),
+        "tail_mass": step_mean(tail_mass),
+        "tail_mass_late": step_mean({step: v for step, v in tail_mass.items() if at - late_steps < step}),
+        "tail_mass_peak": step_max(key_series(steps, TAIL_MASS_MAX)),
+        "entropy_max_peak": step_max(key_series(steps, ENTROPY_MAX)),
+        "entropy_peak": step_max({step: v for step, v in entropy.items() if step > 0}),
+        "norm_share": step_mean(key_series(steps, NORM_SHARE)),
     }
     series = {name: found for name, key in SERIES.items() if (found := key_series(steps, key))}
     if acc:

@@ -7,7 +7,19 @@ disagree.
 from __future__ import annotations
 
 from stapo.rundir import ENTROPY_TOKEN_MEAN
-from stapo.runs.summary import ACC, ENTROPY, GRAD_BOUND, LATE_STEPS, MASK, TOKEN_MEAN
+from stapo.runs.summary import (
+    ACC,
+    ENTROPY,
+    ENTROPY_MAX,
+    GRAD_BOUND,
+    LATE_STEPS,
+    MASK,
+    NORM_SHARE,
+    TAIL_MASS,
+    TAIL_MASS_MAX,
+    TAIL_QUANTITIES,
+    TOKEN_MEAN,
+)
 
 NOT_TOKEN_MEAN = " †"
 ENTROPY_NOTE = (
@@ -101,6 +113,62 @@ def paired_table(differences: list[dict], baseline: str) -> str:
         )
     if not all(entropy_is_token_mean(group) for group in differences):
         rows.append(ENTROPY_NOTE)
+    return "\n".join(rows) + "\n"
+
+
+# the tail's columns: (stat, title, digits), the same for the groups and the paired differences
+TAIL_COLUMNS = (
+    ("tail_mass", "unused mass, mean", 6),
+    ("tail_mass_late", f"unused mass, last {LATE_STEPS} steps", 6),
+    ("tail_mass_peak", "unused mass, largest position", 4),
+    ("entropy_max_peak", "largest position entropy", 3),
+    ("entropy_peak", "largest mean entropy", 4),
+    ("norm_share", "S2T tokens' exact grad-norm share", 4),
+)
+TAIL_NOTE = (
+    f"\nThe tail, over steps 1..step compared (docs/algorithm.md section 5): unused mass: `{TAIL_MASS}`, the mean "
+    "probability a response position puts on tokens the task never needs (mean over steps, and over the last "
+    f"{LATE_STEPS}); largest position: the largest `{TAIL_MASS_MAX}` of any step; largest position entropy: the "
+    f"largest `{ENTROPY_MAX}` of any step; largest mean entropy: the largest mean entropy of a response token of "
+    f"any step; exact grad-norm share: `{NORM_SHARE}`, the S2T tokens' share (silenced, or would-be-silenced "
+    "at the run's tau_p and q for algorithms without the mask) of the positive-advantage tokens' exact "
+    "logit-gradient norm, mean over steps. '-': not logged (vLLM rollouts, a model without unused tokens).\n"
+)
+
+
+def has_tail(rows: list[dict], key: str) -> bool:
+    """Some row logged the driver's tail metrics (every run has a mean entropy, so its peak does not count)."""
+    return any(row[key][stat]["mean"] is not None for row in rows for stat in TAIL_QUANTITIES if stat != "entropy_peak")
+
+
+def tail_table(groups: list[dict]) -> str:
+    """The tail metrics per group (mean ± SE over seeds); empty when no group logged any."""
+    if not has_tail(groups, "stats"):
+        return ""
+    rows = [
+        "\n| group | seeds | " + " | ".join(title for _, title, _ in TAIL_COLUMNS) + " |",
+        "|---|---|" + "---|" * len(TAIL_COLUMNS),
+    ]
+    for group in groups:
+        seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
+        cells = " | ".join(cell(group["stats"][stat], digits) for stat, _, digits in TAIL_COLUMNS)
+        rows.append(f"| {group['group']} | {seeds} | {cells} |")
+    return "\n".join(rows) + "\n" + TAIL_NOTE
+
+
+def paired_tail_table(differences: list[dict], baseline: str) -> str:
+    """The tail metrics paired by seed with the baseline; empty when none was logged."""
+    if not has_tail(differences, "diff"):
+        return ""
+    rows = [
+        f"\nThe tail, paired by seed: group minus `{baseline}`, mean ± standard error over the seeds both ran.\n",
+        "| group | seeds paired | " + " | ".join(f"Δ {title}" for _, title, _ in TAIL_COLUMNS) + " |",
+        "|---|---|" + "---|" * len(TAIL_COLUMNS),
+    ]
+    for group in differences:
+        seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
+        cells = " | ".join(cell(group["diff"][stat], digits) for stat, _, digits in TAIL_COLUMNS)
+        rows.append(f"| {group['group']} | {seeds} | {cells} |")
     return "\n".join(rows) + "\n"
 
 
