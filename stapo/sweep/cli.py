@@ -4,7 +4,8 @@
         model_preset=tiny trainer.total_training_steps=2
 
 Runs go one after another through ``python -m recipe.stapo.main_stapo`` on this machine (the CPU
-presets), or, with ``--launcher ray``, each as its own Ray job through ``launch/ray/submit.sh``. A run
+presets; ``--max-parallel N``: N at once, the same numbers, see ``run_local_sweep``), or, with
+``--launcher ray``, each as its own Ray job through ``launch/ray/submit.sh``. A run
 whose folder records a clean finish is skipped, so the same command resumes an interrupted sweep; an
 unfinished run restarts from its last checkpoint (its own ``checkpoints/`` folder,
 ``trainer.resume_mode=auto``). After the runs, and with ``--compare-only`` at any time,
@@ -167,7 +168,7 @@ def compare(
 
 
 def run_all(args: argparse.Namespace, runs: list[PlannedRun], common: list[str]) -> list[PlannedRun]:
-    """Every unfinished run, here or as Ray jobs; returns the runs that failed."""
+    """Every unfinished run, here (``--max-parallel`` at once) or as Ray jobs; returns the runs that failed."""
     from stapo.runs.train import repo_root
 
     todo, failed = [], []
@@ -175,20 +176,42 @@ def run_all(args: argparse.Namespace, runs: list[PlannedRun], common: list[str])
         head = f"[sweep] {index}/{len(runs)} {run.cell} seed {run.seed}"
         if is_finished(run.run_dir):
             print(f"{head}: finished before, skipped", flush=True)
-        elif args.launcher == "local":
-            print(f"{head}: running in {run.run_dir}", flush=True)
-            returncode = run_local(run, common, args.echo)
-            if returncode != 0:
-                failed.append(run)
-                print(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})", flush=True)
         else:
             todo.append((head, run))
-    if todo:
+    if todo and args.launcher == "local":
+        failed += run_local_sweep(todo, common, args.echo, args.max_parallel)
+    elif todo:
         from stapo.sweep.ray_launcher import run_ray_sweep
 
         address = args.address or os.environ.get("RAY_ADDRESS") or DEFAULT_ADDRESS
         failed += run_ray_sweep(todo, common, repo_root(), address, args.max_parallel, args.poll)
     return failed
+
+
+def run_local_sweep(
+    todo: list[tuple[str, PlannedRun]], common: list[str], echo: bool, max_parallel: int
+) -> list[PlannedRun]:
+    """The runs on this machine in the plan's order, ``max_parallel`` trainer processes at a time; the failed
+    ones. Each run's numbers are the same alone or beside another (the CPU trainer does not depend on the
+    load, docs/reproducibility.md): running two at once only shares the cores (a CPU run keeps about 1.3 of
+    them busy, so two on two cores finish a sweep sooner; the wall times then count the sharing)."""
+
+    def one(head: str, run: PlannedRun) -> PlannedRun | None:
+        print(f"{head}: running in {run.run_dir}", flush=True)
+        returncode = run_local(run, common, echo)
+        if returncode != 0:
+            print(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})", flush=True)
+            return run
+        return None
+
+    if max_parallel == 1:
+        results = [one(head, run) for head, run in todo]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max_parallel) as pool:
+            results = list(pool.map(lambda item: one(*item), todo))
+    return [run for run in results if run is not None]
 
 
 def positive_int(text: str) -> int:
@@ -230,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--launcher",
         choices=("local", "ray"),
         default="local",
-        help="local: one after another here; ray: one Ray job each via launch/ray/submit.sh",
+        help="local: here, one after another (or --max-parallel at once); ray: one Ray job each via "
+        "launch/ray/submit.sh",
     )
     parser.add_argument("--compare-only", action="store_true", help="write the comparison from the run folders")
     add_step_option(parser)
@@ -249,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=1,
         metavar="N",
-        help="ray: jobs in flight at once, >= 1 (default 1; raise it to as many runs as the cluster's GPUs hold)",
+        help="runs at once, >= 1 (default 1). local: trainer processes on this machine (2 on a 2-core CPU finish "
+        "a sweep of CPU runs sooner, same numbers); ray: jobs in flight (as many runs as the cluster's GPUs hold)",
     )
     parser.add_argument(
         "--poll", type=positive_float, default=10.0, metavar="S", help="ray: seconds between status polls (10)"

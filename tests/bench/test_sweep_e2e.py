@@ -5,7 +5,8 @@ a common override that JustRL's loss config has and ignores): two presets, two t
 paths, one objective. So the sweep doubles as the paired test of the whole pipeline: runs of the two
 with the same seed must agree in every logged metric, step for step and bit for bit (same rollouts
 from the seeded sampler, docs/reproducibility.md; one registered loss; one trainer), and the
-comparison's paired difference must be exactly zero. The comparison table is checked against the
+comparison's paired difference must be exactly zero. The runs go two at a time (``--max-parallel 2``):
+each run's numbers must not depend on the run beside it. The comparison table is checked against the
 run folders' own metrics (recomputed here with numpy), and a second invocation skips every finished
 run.
 """
@@ -65,7 +66,7 @@ def stderr(values):
 
 def test_sweep_two_algorithms_two_seeds(tmp_path):
     started = time.time()
-    first = sweep(tmp_path)
+    first = sweep(tmp_path, "--max-parallel", "2")
     elapsed = time.time() - started
     assert first.returncode == 0, first.stdout[-5000:] + first.stderr[-3000:]
     document = json.loads((tmp_path / "comparison.json").read_text())
@@ -107,6 +108,10 @@ def test_sweep_two_algorithms_two_seeds(tmp_path):
         assert f"| {acc} |" in row and f"| {cell}" in row, row
         config = (run_dirs[0] / "config.yaml").read_text()
         assert "seed: 1" in config
+    # two at a time: the plan's first two runs (justrl seed 1, entropy20 seed 1) overlapped
+    spans = [json.loads((tmp_path / "runs" / f"algo-{algo}" / "seed-1" / "sweep_run.json").read_text())
+             for algo in ("justrl", "entropy20")]
+    assert max(r["started_at"] for r in spans) < min(r["finished_at"] for r in spans), spans
     assert {p.name for p in (tmp_path / "plots").iterdir()} >= {"reward.png", "entropy.png"}
     # paired: same seed, same numbers at every step (validation included), whichever token-mask path ran
     for seed in (1, 2):
