@@ -16,6 +16,14 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
 
 import pytest  # noqa: E402
 
+# setuptools before anything can import pip: on Python < 3.12 setuptools' distutils shim gives up for good
+# once `pip` is imported in a process (it then serves the stdlib distutils), and a later `import setuptools`
+# (torch.utils.cpp_extension does it when vLLM is imported in-process) fails its own assertion. Which tests
+# share a pytest-xdist worker decides whether an earlier test imported pip; importing setuptools first, as
+# here, makes the order irrelevant (reproduced: `import pip` then vLLM's layers fails, the other way round
+# passes).
+import setuptools  # noqa: E402,F401
+
 # the trainer runs that several test modules share, each run once per session (tests/e2e/shared_runs.py),
 # and how the suite splits over pytest-xdist workers (tests/parallel.py)
 pytest_plugins = ["tests.e2e.shared_runs", "tests.parallel"]
