@@ -96,7 +96,8 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
 
     overrides = run.overrides(common)
     segments = earlier_segments(run.run_dir)  # a resumed run's wall time counts every segment
-    write_record(run, launcher="local", overrides=overrides, started_at=time.time(), segments_s=segments)
+    started_at = time.time()
+    write_record(run, launcher="local", overrides=overrides, started_at=started_at, segments_s=segments)
     label = f"{run.cell} seed {run.seed}"
     result = run_trainer(overrides, run.run_dir, total_steps(overrides), label, echo=echo)
     segments.append(round(result.seconds, 1))
@@ -108,6 +109,7 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
         seconds=round(sum(segments), 1),
         segments_s=segments,
         peak_rss_bytes=result.peak_rss_bytes,
+        started_at=started_at,  # of the last segment
         finished_at=time.time(),
     )
     return result.returncode
