@@ -88,6 +88,12 @@ class TrainResult:
     log_path: Path
 
 
+def say(line: str) -> None:
+    """One line in one write: runs side by side (``stapo sweep --max-parallel``) print from threads of one
+    process, and print's separate write of the newline let two lines splice."""
+    print(line + "\n", end="", flush=True)
+
+
 def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: str, echo: bool = False) -> TrainResult:
     """Run ``main_stapo`` with ``overrides``; stream progress; return when it exits."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +106,7 @@ def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: st
     def report_new_steps() -> None:
         for step, metrics in follower.new_steps():
             steps.setdefault(step, {}).update(metrics)
-            print(progress.line(step, metrics), flush=True)
+            say(progress.line(step, metrics))
             last_output[0] = time.monotonic()
 
     with log_path.open("a", encoding="utf-8") as log:
@@ -117,7 +123,7 @@ def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: st
             report_new_steps()
             if time.monotonic() - last_output[0] >= HEARTBEAT_S:
                 doing = f"step {max(steps) + 1}" if steps else "start-up and validation before training"
-                print(f"[{label}] ... {doing} running, {format_duration(elapsed)} elapsed", flush=True)
+                say(f"[{label}] ... {doing} running, {format_duration(elapsed)} elapsed")
                 last_output[0] = time.monotonic()
 
         try:

@@ -197,12 +197,13 @@ def run_local_sweep(
     ones. Each run's numbers are the same alone or beside another (the CPU trainer does not depend on the
     load, docs/reproducibility.md): running two at once only shares the cores (a CPU run keeps about 1.3 of
     them busy, so two on two cores finish a sweep sooner; the wall times then count the sharing)."""
+    from stapo.runs.train import say
 
     def one(head: str, run: PlannedRun) -> PlannedRun | None:
-        print(f"{head}: running in {run.run_dir}", flush=True)
+        say(f"{head}: running in {run.run_dir}")
         returncode = run_local(run, common, echo)
         if returncode != 0:
-            print(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})", flush=True)
+            say(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})")
             return run
         return None
 
