@@ -53,19 +53,21 @@ bench: setup
 
 # The recorded comparison on the testbed (results/testbed-addition-8algos, results/README.md): JustRL,
 # STAPO, GRPO and 20-Entropy with 5 seeds, DAPO, Dr.GRPO, GSPO and CISPO with 3, 60 steps of 8 x 8
-# samples, held-out every 20 steps; 32 runs one after another, about 6 min each on 2 cores, then one
+# samples, held-out every 20 steps; 32 runs, two at a time, about 6 min each alone on 2 cores, then one
 # comparison of all eight against JustRL. Re-running resumes: finished runs are skipped, an interrupted
 # one restarts from its last checkpoint (every 20 steps; checkpoints change no number).
 # Fewer seeds for a quicker look: COMPARE_SEEDS=1,2 COMPARE_MORE_SEEDS=1.
 COMPARE_OUT ?= runs/compare-testbed
+# runs at once (a CPU run keeps about 1.3 cores busy: two on two cores finish sooner, with the same numbers)
+COMPARE_PARALLEL ?= 2
 COMPARE_SEEDS ?= 1,2,3,4,5
 COMPARE_MORE_SEEDS ?= 1,2,3
 COMPARE_SETTINGS = model_preset=testbed trainer.total_training_steps=60 trainer.test_freq=20 trainer.save_freq=20
 compare: setup
 	$(BIN)/stapo sweep --grid algo=justrl,stapo,grpo,entropy20 --seeds $(COMPARE_SEEDS) --baseline algo=justrl \
-		--out $(COMPARE_OUT) -- $(COMPARE_SETTINGS)
+		--max-parallel $(COMPARE_PARALLEL) --out $(COMPARE_OUT) -- $(COMPARE_SETTINGS)
 	$(BIN)/stapo sweep --grid algo=dapo,drgrpo,gspo,cispo --seeds $(COMPARE_MORE_SEEDS) \
-		--out $(COMPARE_OUT) -- $(COMPARE_SETTINGS)
+		--max-parallel $(COMPARE_PARALLEL) --out $(COMPARE_OUT) -- $(COMPARE_SETTINGS)
 	$(BIN)/stapo sweep --grid algo=justrl,stapo,grpo,entropy20,dapo,drgrpo,gspo,cispo --seeds $(COMPARE_SEEDS) \
 		--baseline algo=justrl --out $(COMPARE_OUT) --compare-only -- $(COMPARE_SETTINGS)
 
