@@ -90,6 +90,20 @@ TE, A8, TA, LH, S5, S60, SM = (
     "testbed-addition-5seeds", "testbed-addition-60steps", "smollm2-arithmetic-4steps",
 )
 LR, RERUN = "testbed-lr5e-5", "testbed-lr5e-5-replication"
+TB = "tailbed-grpo-stapo"
+# results/README.md's table of TB: (row title, quantity, digits)
+TB_ROWS = [
+    ("held-out acc, step 100", "final_acc", 3),
+    ("best held-out acc (steps 25-100)", "best_acc", 3),
+    ("train reward, last 10 steps", "late_reward", 3),
+    ("mean entropy, step 100", "entropy_last", 4),
+    ("largest mean entropy of a step", "entropy_peak", 4),
+    ("largest position entropy of a step", "entropy_max_peak", 3),
+    ("unused mass a position, mean over steps", "tail_mass", 6),
+    ("unused mass a position, last 10 steps", "tail_mass_late", 6),
+    ("unused mass, largest position of a step", "tail_mass_peak", 4),
+    ("S2T tokens' share of the exact grad norm", "norm_share", 4),
+]
 QUOTES = [
     # README.md's summary of the recorded comparisons
     (M, "held-out {}-{} at step 60 across the eight algorithms; {}-{} after 256 steps",
@@ -231,6 +245,29 @@ QUOTES = [
     (R, "that is t = {} on 2 degrees of freedom", t_value(SM, "algo=stapo", "final_acc")),
     (R, "The runs took {}-{} min each", *[str(round(f(r["wall_s"] for g in load(SM)["groups"] for r in g["runs"]) / 60))
                                           for f in (min, max)]),
+    # tailbed-grpo-stapo: the table, then the reading's figures
+    (R, "| held-out acc, step 0 | {} | {} | 0 (same model) |", stat(TB, "algo=grpo", "initial_acc"),
+     stat(TB, "algo=stapo", "initial_acc")),
+    *[(R, f"| {title} | {{}} | {{}} | {{}} |", stat(TB, "algo=grpo", quantity, digits),
+       stat(TB, "algo=stapo", quantity, digits), paired(TB, "algo=stapo", quantity, digits))
+      for title, quantity, digits in TB_ROWS],
+    (R, "STAPO silenced {} % of the response tokens", pct(TB, "algo=stapo", "mask_ratio", 3)),
+    (R, "Under GRPO the fillers' mass a position ends the 100 steps at {} on average over the last 10 steps, under "
+        "STAPO at {}: lower in each seed, by {}, {} and {}", stat(TB, "algo=grpo", "tail_mass_late", 6),
+     stat(TB, "algo=stapo", "tail_mass_late", 6), *deltas(TB, "algo=stapo", "tail_mass_late", 6)),
+    (R, "lower under STAPO in each seed ({})", paired(TB, "algo=stapo", "tail_mass_peak", 4)),
+    (R, "which GRPO trains and STAPO silences, was {} under GRPO", mean(TB, "algo=grpo", "norm_share", 4)),
+    (R, "Mean entropy at step 100 {} (lower in each seed)", paired(TB, "algo=stapo", "entropy_last", 4)),
+    (R, "Held-out at step 100 {} (per seed {}, {}, {}), train reward over the last 10 steps {}",
+     paired(TB, "algo=stapo", "final_acc"), *deltas(TB, "algo=stapo", "final_acc"),
+     paired(TB, "algo=stapo", "late_reward")),
+    (R, "both learn ({} at step 0 to about", mean(TB, "algo=grpo", "initial_acc")),
+    (R, "the wall times ({}-{} min a run)",
+     *[str(round(f(r["wall_s"] for g in load(TB)["groups"] for r in g["runs"]) / 60)) for f in (min, max)]),
+]
+# every seed's paired difference has the sign the reading says ("lower in each seed")
+LOWER_IN_EACH_SEED = [
+    (TB, "algo=stapo", q) for q in ("tail_mass_late", "tail_mass_peak", "entropy_last", "entropy_peak")
 ]
 
 
@@ -253,3 +290,8 @@ def test_the_folders_recorded_before_the_like_with_like_rules_trained_every_run_
     for folder in (TE, A8, TA, LH, S5, S60, SM):
         steps = {n for g in load(folder)["groups"] for n in g["steps_trained"]}
         assert len(steps) == 1, (folder, steps)
+
+
+@pytest.mark.parametrize("folder, name, quantity", LOWER_IN_EACH_SEED)
+def test_lower_in_each_seed_is_true_of_every_seed(folder, name, quantity):
+    assert all(delta < 0 for delta in seed_deltas(folder, name, quantity)), seed_deltas(folder, name, quantity)
