@@ -33,6 +33,14 @@ WANDB_NAME = "wandb"  # wandb makes this folder itself under the directory it is
 # aggregated with the actor's loss_agg_mode, so under Dr.GRPO's or GSPO's it is not this mean
 ENTROPY_TOKEN_MEAN = "actor/stapo/entropy_token_mean"
 VERL_ENTROPY = "actor/entropy"
+# what a tail-driven entropy event shows as (docs/algorithm.md section 5), logged by the driver and read by the
+# comparisons (stapo.runs.summary): one position's largest entropy, and the probability mass on tokens the task
+# never needs (models whose config names them)
+ENTROPY_MAX = "actor/stapo/entropy_max"
+TAIL_PREFIX = "actor/stapo/tail/"
+TAIL_MASS = TAIL_PREFIX + "unused_mass_mean"
+TAIL_MASS_MAX = TAIL_PREFIX + "unused_mass_max"
+TAIL_SAMPLED = TAIL_PREFIX + "unused_sampled_frac"
 # where both are logged, the readers (progress line, plots) show the first
 ENTROPY_KEYS = (ENTROPY_TOKEN_MEAN, VERL_ENTROPY)
 _SEGMENT = re.compile(r"metrics\.prev-(\d+)\.jsonl$")

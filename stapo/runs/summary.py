@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 
 from stapo.eval.val_metrics import benchmark_val_metrics
-from stapo.rundir import ENTROPY_TOKEN_MEAN, VERL_ENTROPY
+from stapo.rundir import ENTROPY_MAX, ENTROPY_TOKEN_MEAN, TAIL_MASS, TAIL_MASS_MAX, TAIL_SAMPLED, VERL_ENTROPY
 from stapo.runs.folder import STEP_TIME, RunData, config_value, recorded_segments
 
 ACC = "val/average/acc"
@@ -53,12 +53,7 @@ MASK = "actor/stapo/mask_ratio"
 # the spurious tokens' and all positive-advantage tokens' summed gradient-norm bounds, per step
 GRAD_BOUND = ("actor/stapo/grad_bound_spurious", "actor/stapo/grad_bound_positive")
 REWARD = ("critic/score/mean", "critic/rewards/mean")
-# the tail metrics (stapo.verl_plugin.driver_diagnostics logs them; tests/bench/test_tail_comparison.py keeps
-# the names equal)
-TAIL_MASS = "actor/stapo/tail/unused_mass_mean"
-TAIL_MASS_MAX = "actor/stapo/tail/unused_mass_max"
-TAIL_SAMPLED = "actor/stapo/tail/unused_sampled_frac"
-ENTROPY_MAX = "actor/stapo/entropy_max"
+# the exact grad-norm shares (the driver logs stapo.gradnorm.exact_norm_shares' keys under actor/stapo/)
 NORM_SHARE = "actor/stapo/grad_norm_share_spurious"
 NORM_SQ_SHARE = "actor/stapo/grad_norm_sq_share_spurious"
 LATE_STEPS = 10

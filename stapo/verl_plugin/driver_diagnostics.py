@@ -28,7 +28,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from stapo.gradnorm import exact_norm_shares
 from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask, build_token_mask_in_parts, count
-from stapo.rundir import ENTROPY_TOKEN_MEAN
+from stapo.rundir import ENTROPY_MAX, ENTROPY_TOKEN_MEAN, TAIL_MASS, TAIL_MASS_MAX, TAIL_SAMPLED
 from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
 from stapo.token_sample import spread_positions
 from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD
@@ -40,10 +40,6 @@ from stapo.verl_plugin.mini_batches import MiniBatchSplit, token_parts
 REWARD_EXTRA_FIELD = "extra_fields"
 # the old-pass fields every due diagnostic reads
 DIAGNOSTIC_FIELDS = ("response_mask", "advantages", "entropy", "old_log_probs")
-# what a tail-driven entropy event shows as (docs/algorithm.md section 5): one position's entropy, the mass on
-# tokens the task never needs; and the silenced tokens' share of the exact logit-gradient norm
-ENTROPY_MAX = METRIC_PREFIX + "entropy_max"
-TAIL_PREFIX = METRIC_PREFIX + "tail/"
 
 
 @dataclass(frozen=True)
@@ -264,7 +260,7 @@ def tail_metrics(stats, response_mask, advantages, log_prob, entropy, settings: 
     tokens = count(response_mask)
     if "unused_mass" in stats and tokens:
         mass = stats["unused_mass"][response_mask]
-        metrics[TAIL_PREFIX + "unused_mass_mean"] = float(mass.mean())
-        metrics[TAIL_PREFIX + "unused_mass_max"] = float(mass.max())
-        metrics[TAIL_PREFIX + "unused_sampled_frac"] = float(stats["unused_sampled"]) / tokens
+        metrics[TAIL_MASS] = float(mass.mean())
+        metrics[TAIL_MASS_MAX] = float(mass.max())
+        metrics[TAIL_SAMPLED] = float(stats["unused_sampled"]) / tokens
     return metrics

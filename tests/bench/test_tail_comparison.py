@@ -23,14 +23,19 @@ STEPS = 14  # more than LATE_STEPS, so the late window is a part of the run
 
 
 def test_the_names_are_the_ones_the_driver_logs():
-    from stapo.verl_plugin import driver_diagnostics as driver
+    """The tail names have one spelling (stapo.rundir) that the driver writes and the comparison reads; the
+    grad-norm shares are the driver's prefix on the keys stapo.gradnorm.exact_norm_shares returns."""
+    import torch
 
-    assert summary.ENTROPY_MAX == driver.ENTROPY_MAX
-    for name in (summary.TAIL_MASS, summary.TAIL_MASS_MAX, summary.TAIL_SAMPLED):
-        assert name.startswith(driver.TAIL_PREFIX)
-    assert {summary.TAIL_MASS, summary.TAIL_MASS_MAX, summary.TAIL_SAMPLED} == {
-        driver.TAIL_PREFIX + key for key in ("unused_mass_mean", "unused_mass_max", "unused_sampled_frac")
-    }
+    from stapo.gradnorm import exact_norm_shares
+    from stapo.verl_plugin import driver_diagnostics as driver
+    from stapo.verl_plugin.losses import METRIC_PREFIX
+
+    for name in ("ENTROPY_MAX", "TAIL_MASS", "TAIL_MASS_MAX", "TAIL_SAMPLED"):
+        assert getattr(summary, name) is getattr(driver, name), name
+    one = torch.ones(1)
+    keys = exact_norm_shares(one / 2, one / 2, one, one.bool(), one.bool())
+    assert {summary.NORM_SHARE, summary.NORM_SQ_SHARE} == {METRIC_PREFIX + key for key in keys}
 
 
 def random_rows(rng, with_tail: bool) -> dict[int, dict[str, float]]:

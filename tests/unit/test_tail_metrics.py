@@ -10,7 +10,8 @@ import torch
 
 from stapo.gradnorm import exact_norm_shares
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask
-from stapo.verl_plugin.driver_diagnostics import TAIL_PREFIX, flat_token_stats, tail_metrics
+from stapo.rundir import TAIL_PREFIX
+from stapo.verl_plugin.driver_diagnostics import flat_token_stats, tail_metrics
 
 
 def _rows(lengths, seed, unused=True):
