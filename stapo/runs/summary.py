@@ -129,6 +129,11 @@ def step_mean(series: dict[int, float], last: int | None = None) -> float | None
     return math.fsum(values) / len(values) if values else None
 
 
+def last_steps(series: dict[int, float], at: int, count: int) -> dict[int, float]:
+    """The values of the ``count`` steps ending at ``at`` (the late window of a run read at ``at``)."""
+    return {step: value for step, value in series.items() if at - count < step <= at}
+
+
 def step_max(series: dict[int, float]) -> float | None:
     return max(series.values()) if series else None
 
@@ -213,7 +218,7 @@ def summarize_run(
     token_mean = bool(entropy) or agg in ("None", TOKEN_MEAN)
     entropy = entropy or key_series(steps, ENTROPY)
     reward = next((s for key in REWARD if (s := key_series(steps, key))), {})
-    late = {step: value for step, value in reward.items() if at - late_steps < step <= at}
+    late = last_steps(reward, at, late_steps)
     tail_mass = key_series(steps, TAIL_MASS)
     values = {
         "initial_acc": acc.get(0),
@@ -226,7 +231,7 @@ def summarize_run(
         "grad_share": pooled_share(steps, *GRAD_BOUND),
         "wall_s": wall_seconds(run, at, whole_runs),
         "tail_mass": step_mean(tail_mass),
-        "tail_mass_late": step_mean({step: v for step, v in tail_mass.items() if at - late_steps < step}),
+        "tail_mass_late": step_mean(last_steps(tail_mass, at, late_steps)),
         "tail_mass_peak": step_max(key_series(steps, TAIL_MASS_MAX)),
         "entropy_max_peak": step_max(key_series(steps, ENTROPY_MAX)),
         "entropy_peak": step_max({step: v for step, v in entropy.items() if step > 0}),
