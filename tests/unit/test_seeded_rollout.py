@@ -259,6 +259,78 @@ def test_a_batchs_rows_do_not_depend_on_their_order(model_dir):
         sample_batch(model, prompts, sampling, seeds[:-1], [EOS])
 
 
+def _reference_batch(model, prompts, sampling, seeds, eos_ids, unused_from):
+    """The same batch decoded the plain way: HF's own growing cache, every row's softmax, draw and
+    statistics computed on the row alone, token after token."""
+    width = max(len(p) for p in prompts)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+    rows, done = [([], [], [], []) for _ in prompts], [False] * len(prompts)
+    temperature = 1.0 if sampling.greedy else sampling.temperature
+    for step in range(sampling.max_tokens):
+        logits, drawn = out.logits[:, -1].float(), []
+        for row, (tokens, log_probs, collisions, unused) in enumerate(rows):
+            if sampling.greedy:
+                token = int(torch.argmax(logits[row]))
+            else:
+                probs = torch.softmax(filter_logits(logits[row], sampling), dim=-1)
+                token = int(torch.multinomial(probs, 1, generator=generators[row]))
+            drawn.append(token)
+            if done[row]:
+                continue
+            row_log_probs = torch.log_softmax(logits[row] / temperature, dim=-1)
+            tokens.append(token)
+            log_probs.append(float(row_log_probs[token]))
+            collisions.append(float(row_log_probs.exp().square().sum()))
+            unused.append(float(row_log_probs.exp()[unused_from:].sum()))
+            done[row] = token in eos_ids
+        if all(done):
+            break
+        mask = torch.cat([mask, torch.ones(len(prompts), 1, dtype=torch.long)], dim=-1)
+        out = model(input_ids=torch.tensor(drawn)[:, None], attention_mask=mask,
+                    position_ids=torch.tensor([len(p) + step for p in prompts])[:, None],
+                    past_key_values=out.past_key_values, use_cache=True)
+    return rows
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.0, 20, 1.0), (0.0, 0, 1.0)])
+def test_the_decode_is_the_plain_row_by_row_decode_bit_for_bit(model_dir, temperature, top_k, top_p):
+    """``sample_batch`` writes the KV cache in place (``PreallocatedLayer``) and takes each step's softmaxes over
+    all rows at once; neither may change a bit of what a row draws or reports, or recorded runs would not rerun."""
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=12, logprobs=True)
+    prompts = [list(p) for p in PROMPTS for _ in range(3)]
+    seeds = [request_seed(3, 1, f"p{i}", "s0") for i in range(len(prompts))]
+    eos_ids = list(range(1, 6))  # rows stop at different steps
+    got = sample_batch(model, prompts, sampling, seeds, eos_ids, unused_from=60)
+    with torch.no_grad():
+        expected = _reference_batch(model, prompts, sampling, seeds, eos_ids, unused_from=60)
+    for (tokens, log_probs, _, stats), (ref_tokens, ref_log_probs, ref_collisions, ref_unused) in zip(got, expected):
+        assert tokens == ref_tokens and log_probs == ref_log_probs
+        assert stats["collision"] == ref_collisions and stats["unused_mass"] == ref_unused
+    if temperature > 0:
+        assert len({len(tokens) for tokens, *_ in got}) > 1  # rows that stopped early kept their slots
+
+
+def test_a_preallocated_cache_layer_holds_what_hfs_growing_one_holds():
+    from transformers.cache_utils import DynamicLayer
+
+    from stapo.verl_plugin.cpu.sampling import PreallocatedLayer
+
+    growing, chunks = DynamicLayer(), [torch.randn(3, 2, n, 4) for n in (5, 1, 1, 2)]
+    growing.update(chunks[0], -chunks[0])
+    layer = PreallocatedLayer(growing, capacity=9)
+    for chunk in chunks[1:]:
+        keys, values = layer.update(chunk, -chunk)
+        expected_keys, expected_values = growing.update(chunk, -chunk)
+        assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+        assert layer.get_seq_length() == growing.get_seq_length()
+    with pytest.raises(RuntimeError):
+        layer.update(chunks[0], chunks[0])  # past its capacity
+
+
 def _group_request(server, prompt, key, size, index, temperature=1.0):
     params = {
         "temperature": temperature, "top_p": 1.0, "top_k": -1, "logprobs": True,

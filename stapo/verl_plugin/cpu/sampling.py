@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 # the TokenOutput extra field (then verl's ``extra_fields`` of the row) holding a response's token stats
 TOKEN_STATS_FIELD = "stapo_token_stats"
@@ -63,12 +64,20 @@ def filter_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return scores
 
 
-def next_token(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
-    """One token from one row of raw logits: argmax when greedy, else a draw from ``generator``."""
+def draw_tokens(logits: torch.Tensor, sampling: Sampling, generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of raw logits ``(rows, vocab)``, row ``r`` drawn from ``generators[r]``.
+
+    The softmax runs over all rows at once (row-wise, so each row's probabilities are those of the row alone,
+    bit for bit); only the draw, which needs the row's own generator, and top-k/top-p, whose cut-offs are per
+    row, go row by row."""
     if sampling.greedy:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(filter_logits(logits, sampling), dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        return logits.argmax(dim=-1).tolist()
+    if sampling.top_k or sampling.top_p < 1.0:
+        scores = torch.stack([filter_logits(row, sampling) for row in logits])
+    else:
+        scores = logits / sampling.temperature
+    probs = torch.softmax(scores, dim=-1)
+    return [int(torch.multinomial(probs[row], 1, generator=generator)) for row, generator in enumerate(generators)]
 
 
 def sample_group(
@@ -95,14 +104,47 @@ def _generators(sampling: Sampling, seeds: list[int | None]) -> list[torch.Gener
     return generators
 
 
-def token_stats(log_probs: torch.Tensor, unused_from: int | None) -> tuple[float, float | None]:
-    """Of one position's distribution (log-probs over the vocabulary): the collision probability
+def token_stats(log_probs: torch.Tensor, unused_from: int | None) -> tuple[list[float], list[float] | None]:
+    """Of each row's distribution (log-probs over the vocabulary, ``(rows, vocab)``): the collision probability
     ``sum_v pi(v)^2``, which gives the exact logit-gradient norm ``sqrt(1 - 2p + sum_v pi(v)^2)`` of the sampled
     token (docs/algorithm.md section 5), and the mass on ids ``>= unused_from`` (tokens the task never needs;
     None without them). The actor's pass returns only log-probs and entropy; the rollout has the whole row."""
     probs = log_probs.exp()
-    unused = None if unused_from is None else float(probs[unused_from:].sum())
-    return float(probs.square().sum()), unused
+    unused = None if unused_from is None else probs[:, unused_from:].sum(dim=-1).tolist()
+    return probs.square().sum(dim=-1).tolist(), unused
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A KV-cache layer whose keys and values live in buffers sized for the whole decode.
+
+    HF's :class:`DynamicLayer` concatenates each new token onto the cache, copying every row's keys and values
+    at every token (a third of a 512-row validation's decode on the CPU). Here a token's keys are written in
+    place and attention reads a view of the filled part: the same values, so the same logits, bit for bit."""
+
+    def __init__(self, layer: DynamicLayer, capacity: int):
+        super().__init__()
+        self.dtype, self.device, self.is_initialized = layer.dtype, layer.device, True
+        batch, heads, filled, dim = layer.keys.shape
+        self._key_buffer = layer.keys.new_empty(batch, heads, capacity, dim)
+        self._value_buffer = layer.values.new_empty(batch, heads, capacity, dim)
+        self._filled = 0
+        self.update(layer.keys, layer.values)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self._filled + key_states.shape[-2]
+        self._key_buffer[:, :, self._filled : end] = key_states
+        self._value_buffer[:, :, self._filled : end] = value_states
+        self._filled = end
+        self.keys = self._key_buffer[:, :, :end]
+        self.values = self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+
+def preallocate(cache, capacity: int) -> None:
+    """Swap ``cache``'s growing layers for :class:`PreallocatedLayer` s of ``capacity`` positions (others, e.g.
+    sliding-window layers, keep HF's own)."""
+    cache.layers = [PreallocatedLayer(layer, capacity) if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
 
 
 @torch.no_grad()
@@ -150,6 +192,7 @@ def sample_batch(
     logits = out.logits[:, -1].float()[row_prompt]
     if rows > 1 or len(distinct) > 1:
         past.batch_select_indices(row_prompt)
+    preallocate(past, width + sampling.max_tokens)
     positions = lengths[row_prompt]
     tokens: list[list[int]] = [[] for _ in range(rows)]
     log_probs: list[list[float]] = [[] for _ in range(rows)]
@@ -157,20 +200,20 @@ def sample_batch(
                          for _ in range(rows)]
     stops = ["length"] * rows
     for step in range(sampling.max_tokens):
-        drawn = []
-        for row in range(rows):
-            token = next_token(logits[row], sampling, generators[row])
-            drawn.append(token)
+        drawn = draw_tokens(logits, sampling, generators)
+        if sampling.logprobs:
+            step_log_probs = torch.log_softmax(logits / log_prob_temperature, dim=-1)
+            chosen = step_log_probs.gather(1, torch.tensor(drawn)[:, None])[:, 0].tolist()
+            collision, unused = token_stats(step_log_probs, unused_from)
+        for row, token in enumerate(drawn):
             if stops[row] == "completed":
                 continue  # finished earlier: the slot stays, the draw is discarded
             tokens[row].append(token)
             if sampling.logprobs:
-                row_log_probs = torch.log_softmax(logits[row] / log_prob_temperature, dim=-1)
-                log_probs[row].append(float(row_log_probs[token]))
-                collision, unused = token_stats(row_log_probs, unused_from)
-                stats[row]["collision"].append(collision)
+                log_probs[row].append(chosen[row])
+                stats[row]["collision"].append(collision[row])
                 if unused is not None:
-                    stats[row]["unused_mass"].append(unused)
+                    stats[row]["unused_mass"].append(unused[row])
                     stats[row]["unused_sampled"] += int(token >= unused_from)
             if token in eos_ids:
                 stops[row] = "completed"
