@@ -68,7 +68,7 @@ def main() -> None:
     out["decode_step_by_group_s"], _ = timed(
         lambda: [sample_group(model, p, sampling, seeds[8 * i: 8 * i + 8], eos) for i, p in enumerate(train)],
         args.repeats)
-    sequences = [p + tokens for p, (tokens, _, _) in zip(rows, samples)]
+    sequences = [p + tokens for p, (tokens, *_) in zip(rows, samples)]
     width = max(map(len, sequences))
     ids = torch.zeros(len(sequences), width, dtype=torch.long)
     mask = torch.zeros_like(ids)
