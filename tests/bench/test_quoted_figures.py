@@ -67,6 +67,15 @@ def seed_deltas(folder: str, name: str, quantity: str) -> list[float]:
     return [run[quantity] - base[run["seed"]][quantity] for run in group(folder, name)["runs"]]
 
 
+def paired_vs(folder: str, name: str, base: str, quantity: str, digits: int = 3) -> str:
+    """``mean ± se`` of the group minus ``base`` seed by seed, for a pair the file's paired table does not hold."""
+    others = {run["seed"]: run[quantity] for run in group(folder, base)["runs"]}
+    found = [run[quantity] - others[run["seed"]] for run in group(folder, name)["runs"] if run["seed"] in others]
+    mean_ = sum(found) / len(found)
+    se = (sum((d - mean_) ** 2 for d in found) / (len(found) - 1) / len(found)) ** 0.5
+    return f"{num(mean_, digits, True)} ± {se:.{digits}f}"
+
+
 def deltas(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = True) -> list[str]:
     return [num(value, digits, sign) for value in seed_deltas(folder, name, quantity)]
 
@@ -81,6 +90,16 @@ def series(folder: str, name: str, seed: int, key: str, step: int, digits: int =
     return num(run["series"][key][str(step)], digits)
 
 
+def run_value(folder: str, name: str, seed: int, quantity: str, digits: int = 3) -> str:
+    return num(next(run for run in group(folder, name)["runs"] if run["seed"] == seed)[quantity], digits)
+
+
+def lower_in(folder: str, name: str, quantity: str) -> str:
+    """``k of n``: in how many of the paired seeds the group's value is below the baseline's."""
+    found = seed_deltas(folder, name, quantity)
+    return f"{sum(delta < 0 for delta in found)} of {len(found)}"
+
+
 def pct(folder: str, name: str, quantity: str, digits: int) -> str:
     return mean(folder, name, quantity, digits, scale=100.0)
 
@@ -90,8 +109,8 @@ TE, A8, TA, LH, S5, S60, SM = (
     "testbed-addition-5seeds", "testbed-addition-60steps", "smollm2-arithmetic-4steps",
 )
 LR, RERUN = "testbed-lr5e-5", "testbed-lr5e-5-replication"
-TB = "tailbed-grpo-stapo"
-# results/README.md's table of TB: (row title, quantity, digits)
+TB = "tailbed-t1"
+# results/README.md's tables of TB: (row title, quantity, digits), the groups in their column order
 TB_ROWS = [
     ("held-out acc, step 100", "final_acc", 3),
     ("best held-out acc (steps 25-100)", "best_acc", 3),
@@ -103,6 +122,41 @@ TB_ROWS = [
     ("unused mass a position, last 10 steps", "tail_mass_late", 6),
     ("unused mass, largest position of a step", "tail_mass_peak", 4),
     ("S2T tokens' share of the exact grad norm", "norm_share", 4),
+]
+TB_GROUPS = ("algo=justrl", "algo=grpo", "algo=entropy20", "algo=stapo")
+TB_QUOTES = [
+    (R, "| held-out acc, step 0 | {} | {} | {} | {} |", *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
+    *[(R, f"| {title} | {{}} | {{}} | {{}} | {{}} |", *[stat(TB, g, quantity, digits) for g in TB_GROUPS])
+      for title, quantity, digits in TB_ROWS],
+    *[(R, f"| {title} | {{}} | {{}} | {{}} |", *[paired(TB, g, quantity, digits) for g in TB_GROUPS[1:]])
+      for title, quantity, digits in TB_ROWS],
+    (R, "STAPO silenced {} % of the response tokens", pct(TB, "algo=stapo", "mask_ratio", 3)),
+    (R, "the wall times ({}-{} min a run)",
+     *[str(round(f(r["wall_s"] for g in load(TB)["groups"] for r in g["runs"]) / 60)) for f in (min, max)]),
+    (R, "STAPO's filler mass a position, averaged over the 100 steps, is lower in each seed ({}), the largest filler "
+        "mass at any single position lower in each seed ({}), the largest mean entropy of a step lower in each seed "
+        "({}), and the S2T tokens' share of the positive tokens' exact gradient norm lower in each seed ({})",
+     *[paired(TB, "algo=stapo", q, d) for q, d in
+       (("tail_mass", 6), ("tail_mass_peak", 4), ("entropy_peak", 4), ("norm_share", 4))]),
+    (R, "the filler mass over the last 10 steps is lower in {} seeds ({}), the mean entropy at step 100 lower in {} "
+        "({})", lower_in(TB, "algo=stapo", "tail_mass_late"), paired(TB, "algo=stapo", "tail_mass_late", 6),
+     lower_in(TB, "algo=stapo", "entropy_last"), paired(TB, "algo=stapo", "entropy_last", 4)),
+    (R, "Held-out at step 100 {} against JustRL (lower in each seed), train reward over the last 10 steps {} (lower "
+        "in each seed)", paired(TB, "algo=entropy20", "final_acc"), paired(TB, "algo=entropy20", "late_reward")),
+    (R, "more mass on the fillers ({} a position over the run, JustRL {})", mean(TB, "algo=entropy20", "tail_mass", 6),
+     mean(TB, "algo=justrl", "tail_mass", 6)),
+    (R, "in seed 4 its mean entropy climbed from {} at step 1 to {} at step 100 (JustRL's {}), its filler mass {} a "
+        "position over the last 10 steps (JustRL's {})", run_value(TB, "algo=entropy20", 4, "entropy_first", 4),
+     run_value(TB, "algo=entropy20", 4, "entropy_last", 4), run_value(TB, "algo=justrl", 4, "entropy_last", 4),
+     run_value(TB, "algo=entropy20", 4, "tail_mass_late", 6), run_value(TB, "algo=justrl", 4, "tail_mass_late", 6)),
+    (R, "In seed 4 GRPO's entropy ended at {} and its filler mass over the last 10 steps at {} (JustRL's {} and {})",
+     run_value(TB, "algo=grpo", 4, "entropy_last", 4), run_value(TB, "algo=grpo", 4, "tail_mass_late", 6),
+     run_value(TB, "algo=justrl", 4, "entropy_last", 4), run_value(TB, "algo=justrl", 4, "tail_mass_late", 6)),
+    (M, "20-Entropy loses held-out accuracy in each seed ({} against JustRL) and in one seed its entropy climbed "
+        "from {} to {} over the 100 steps", paired(TB, "algo=entropy20", "final_acc"),
+     run_value(TB, "algo=entropy20", 4, "entropy_first", 4), run_value(TB, "algo=entropy20", 4, "entropy_last", 4)),
+    (R, "STAPO against JustRL {} (per seed {}), against GRPO {}", paired(TB, "algo=stapo", "final_acc"),
+     ", ".join(deltas(TB, "algo=stapo", "final_acc")), paired_vs(TB, "algo=stapo", "algo=grpo", "final_acc")),
 ]
 QUOTES = [
     # README.md's summary of the recorded comparisons
@@ -245,29 +299,12 @@ QUOTES = [
     (R, "that is t = {} on 2 degrees of freedom", t_value(SM, "algo=stapo", "final_acc")),
     (R, "The runs took {}-{} min each", *[str(round(f(r["wall_s"] for g in load(SM)["groups"] for r in g["runs"]) / 60))
                                           for f in (min, max)]),
-    # tailbed-grpo-stapo: the table, then the reading's figures
-    (R, "| held-out acc, step 0 | {} | {} | 0 (same model) |", stat(TB, "algo=grpo", "initial_acc"),
-     stat(TB, "algo=stapo", "initial_acc")),
-    *[(R, f"| {title} | {{}} | {{}} | {{}} |", stat(TB, "algo=grpo", quantity, digits),
-       stat(TB, "algo=stapo", quantity, digits), paired(TB, "algo=stapo", quantity, digits))
-      for title, quantity, digits in TB_ROWS],
-    (R, "STAPO silenced {} % of the response tokens", pct(TB, "algo=stapo", "mask_ratio", 3)),
-    (R, "Under GRPO the fillers' mass a position ends the 100 steps at {} on average over the last 10 steps, under "
-        "STAPO at {}: lower in each seed, by {}, {}, {} and {}", stat(TB, "algo=grpo", "tail_mass_late", 6),
-     stat(TB, "algo=stapo", "tail_mass_late", 6), *deltas(TB, "algo=stapo", "tail_mass_late", 6)),
-    (R, "lower under STAPO in each seed ({})", paired(TB, "algo=stapo", "tail_mass_peak", 4)),
-    (R, "GRPO trains and STAPO silences, was {} under GRPO", mean(TB, "algo=grpo", "norm_share", 4)),
-    (R, "Mean entropy at step 100 {} (lower in each seed)", paired(TB, "algo=stapo", "entropy_last", 4)),
-    (R, "Held-out at step 100 {} (per seed {}, {}, {}, {}), train reward over the last 10 steps {}",
-     paired(TB, "algo=stapo", "final_acc"), *deltas(TB, "algo=stapo", "final_acc"),
-     paired(TB, "algo=stapo", "late_reward")),
-    (R, "both learn ({} at step 0 to about", mean(TB, "algo=grpo", "initial_acc")),
-    (R, "the wall times ({}-{} min a run)",
-     *[str(round(f(r["wall_s"] for g in load(TB)["groups"] for r in g["runs"]) / 60)) for f in (min, max)]),
+    *TB_QUOTES,
 ]
 # every seed's paired difference has the sign the reading says ("lower in each seed")
 LOWER_IN_EACH_SEED = [
-    (TB, "algo=stapo", q) for q in ("tail_mass_late", "tail_mass_peak", "entropy_last", "entropy_peak")
+    *[(TB, "algo=stapo", q) for q in ("tail_mass", "tail_mass_peak", "entropy_peak", "norm_share")],
+    *[(TB, "algo=entropy20", q) for q in ("final_acc", "late_reward")],
 ]
 
 
@@ -295,3 +332,10 @@ def test_the_folders_recorded_before_the_like_with_like_rules_trained_every_run_
 @pytest.mark.parametrize("folder, name, quantity", LOWER_IN_EACH_SEED)
 def test_lower_in_each_seed_is_true_of_every_seed(folder, name, quantity):
     assert all(delta < 0 for delta in seed_deltas(folder, name, quantity)), seed_deltas(folder, name, quantity)
+
+
+def test_the_clip_never_acted_in_the_tailbed_cell():
+    """results/README.md says GRPO differs from JustRL there only by its KL term because one on-policy update a step
+    leaves every ratio at 1: no step of any run clipped a token."""
+    runs = [run for g in load(TB)["groups"] for run in g["runs"]]
+    assert all(value == 0 for run in runs for value in run["series"]["pg_clipfrac"].values() if value is not None)
