@@ -67,3 +67,26 @@ def test_the_other_scripts_command_lines():
         done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0 and "usage:" in done.stdout, (module, done.stderr[-500:])
+
+
+def test_the_in_place_cache_timings_are_what_benchmarks_md_quotes():
+    """BENCHMARKS.md's table of the in-place KV cache, recomputed from the two runs' logs and the model work."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    runs = json.loads((folder / "2026-11-26-preallocated-cache.json").read_text())
+    work = json.loads((folder / "2026-11-26-preallocated-cache-model-work.json").read_text())
+    before, after = summary(runs["dynamic-cache"]), summary(runs["preallocated-cache"])
+    rows = {
+        "model work: a step's 8 x 8 samples decoded as one batch": [f"{w['decode_step_s']:.2f}" for w in work.values()],
+        "model work: the validation's 64 x 8 decoded as one batch":
+            [f"{w['decode_validation_s']:.2f}" for w in work.values()],
+        "model work: forward + backward + GainAdamW": [f"{w['update_s']:.2f}" for w in work.values()],
+        **{f"trainer: `{phase}`, median of steps 2-20": [f"{run['median_s'][phase]:.2f}" for run in (before, after)]
+           for phase in ("gen", "step")},
+        "trainer: `testing` at steps 10, 20": [", ".join(f"{v:.1f}" for v in run["testing_s"].values())
+                                               for run in (before, after)],
+        "trainer: 20 steps, command to exit": [f"{run['wall_s']:.0f}" for run in (before, after)],
+    }
+    assert list(work) == ["dynamic-cache", "preallocated-cache"]
+    text = (REPO / "BENCHMARKS.md").read_text()
+    for title, (old, new) in rows.items():
+        assert f"| {title} | {old} | {new} |" in text, title
