@@ -134,15 +134,16 @@ TB_QUOTES = [
     (R, "the wall times ({}-{} min a run)",
      *[str(round(f(r["wall_s"] for g in load(TB)["groups"] for r in g["runs"]) / 60)) for f in (min, max)]),
     (R, "STAPO's filler mass a position, averaged over the 100 steps, is lower in each seed ({}), the largest filler "
-        "mass at any single position lower in each seed ({}), the largest mean entropy of a step lower in each seed "
-        "({}), and the S2T tokens' share of the positive tokens' exact gradient norm lower in each seed ({})",
-     *[paired(TB, "algo=stapo", q, d) for q, d in
-       (("tail_mass", 6), ("tail_mass_peak", 4), ("entropy_peak", 4), ("norm_share", 4))]),
+        "mass at any single position lower in each seed ({}), and the S2T tokens' share of the positive tokens' exact "
+        "gradient norm lower in each seed ({}); the largest mean entropy of a step is lower in {} seeds ({})",
+     *[paired(TB, "algo=stapo", q, d) for q, d in (("tail_mass", 6), ("tail_mass_peak", 4), ("norm_share", 4))],
+     lower_in(TB, "algo=stapo", "entropy_peak"), paired(TB, "algo=stapo", "entropy_peak", 4)),
     (R, "the filler mass over the last 10 steps is lower in {} seeds ({}), the mean entropy at step 100 lower in {} "
         "({})", lower_in(TB, "algo=stapo", "tail_mass_late"), paired(TB, "algo=stapo", "tail_mass_late", 6),
      lower_in(TB, "algo=stapo", "entropy_last"), paired(TB, "algo=stapo", "entropy_last", 4)),
-    (R, "Held-out at step 100 {} against JustRL (lower in each seed), train reward over the last 10 steps {} (lower "
-        "in each seed)", paired(TB, "algo=entropy20", "final_acc"), paired(TB, "algo=entropy20", "late_reward")),
+    (R, "Held-out at step 100 {} against JustRL (lower in {} seeds), train reward over the last 10 steps {} (lower "
+        "in each seed)", paired(TB, "algo=entropy20", "final_acc"), lower_in(TB, "algo=entropy20", "final_acc"),
+     paired(TB, "algo=entropy20", "late_reward")),
     (R, "more mass on the fillers ({} a position over the run, JustRL {})", mean(TB, "algo=entropy20", "tail_mass", 6),
      mean(TB, "algo=justrl", "tail_mass", 6)),
     (R, "in seed 4 its mean entropy climbed from {} at step 1 to {} at step 100 (JustRL's {}), its filler mass {} a "
@@ -152,8 +153,9 @@ TB_QUOTES = [
     (R, "In seed 4 GRPO's entropy ended at {} and its filler mass over the last 10 steps at {} (JustRL's {} and {})",
      run_value(TB, "algo=grpo", 4, "entropy_last", 4), run_value(TB, "algo=grpo", 4, "tail_mass_late", 6),
      run_value(TB, "algo=justrl", 4, "entropy_last", 4), run_value(TB, "algo=justrl", 4, "tail_mass_late", 6)),
-    (M, "20-Entropy loses held-out accuracy in each seed ({} against JustRL) and in one seed its entropy climbed "
-        "from {} to {} over the 100 steps", paired(TB, "algo=entropy20", "final_acc"),
+    (M, "20-Entropy loses held-out accuracy ({} against JustRL, lower in {} seeds) and in one seed its entropy "
+        "climbed from {} to {} over the 100 steps", paired(TB, "algo=entropy20", "final_acc"),
+     lower_in(TB, "algo=entropy20", "final_acc"),
      run_value(TB, "algo=entropy20", 4, "entropy_first", 4), run_value(TB, "algo=entropy20", 4, "entropy_last", 4)),
     (R, "STAPO against JustRL {} (per seed {}), against GRPO {}", paired(TB, "algo=stapo", "final_acc"),
      ", ".join(deltas(TB, "algo=stapo", "final_acc")), paired_vs(TB, "algo=stapo", "algo=grpo", "final_acc")),
@@ -303,8 +305,8 @@ QUOTES = [
 ]
 # every seed's paired difference has the sign the reading says ("lower in each seed")
 LOWER_IN_EACH_SEED = [
-    *[(TB, "algo=stapo", q) for q in ("tail_mass", "tail_mass_peak", "entropy_peak", "norm_share")],
-    *[(TB, "algo=entropy20", q) for q in ("final_acc", "late_reward")],
+    *[(TB, "algo=stapo", q) for q in ("tail_mass", "tail_mass_peak", "norm_share")],
+    (TB, "algo=entropy20", "late_reward"),
 ]
 
 
