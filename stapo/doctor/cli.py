@@ -216,11 +216,7 @@ def _smoke(args: argparse.Namespace) -> int:
     from stapo.doctor.smoke import job_address, run_smoke, smoke_overrides, total_steps
 
     overrides = smoke_overrides(args.overrides)
-    if not args.no_check:
-        refusal = config_refusal(overrides)
-        if refusal:
-            print(refusal, file=sys.stderr)
-            return 2
+    # The address first: a socket connect answers in milliseconds, the config check imports torch and verl.
     api = job_address(args.address)
     unreachable = gcs_reachable(api.split("://", 1)[1], timeout=10.0)
     if unreachable:
@@ -230,6 +226,11 @@ def _smoke(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not args.no_check:
+        refusal = config_refusal(overrides)
+        if refusal:
+            print(refusal, file=sys.stderr)
+            return 2
     print(f"STAPO doctor smoke run: {' '.join(overrides)} -> {api}", file=sys.stderr, flush=True)
     try:
         run = run_smoke(args.address, overrides, args.smoke_timeout, echo=args.verbose)
