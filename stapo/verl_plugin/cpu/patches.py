@@ -39,6 +39,34 @@ def _unpinned_offload_policy(policy_cls):
     return make
 
 
+# One logsumexp call covers at most this many logits (64 MiB of float32): on a 151k vocabulary about 110 rows,
+# on the testbed's 27 tokens every row of a micro-batch at once.
+LOGSUMEXP_CHUNK_ELEMENTS = 1 << 24
+
+
+def logprobs_of_labels(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
+    """Stands in for verl.utils.torch_functional.logprobs_from_logits where the FSDP engine imports it
+    (fsdp/transformer_impl.py ~line 65). Without flash-attn's fused cross-entropy verl falls back to
+    logprobs_from_logits_v2 (~line 173), which calls logsumexp once per row to bound a GPU's peak memory; with
+    remove-padding the rows are the micro-batch's tokens, so a testbed forward made 3,000-odd calls and as many
+    autograd nodes (about 1 s against 2 ms batched, forward and backward, BENCHMARKS.md). Here rows go in
+    chunks of at most LOGSUMEXP_CHUNK_ELEMENTS logits. Each row is still reduced on its own, so values and
+    gradients equal v2's bit for bit with one thread (tested); with several threads v2 splits one row's
+    reduction across them and this does not. ``inplace_backward`` belongs to flash-attn's kernel: unused."""
+    vocab = logits.shape[-1]
+    flat, flat_labels = logits.reshape(-1, vocab), labels.reshape(-1)
+    rows = max(1, LOGSUMEXP_CHUNK_ELEMENTS // max(1, vocab))
+    picked = []
+    for chunk, chunk_labels in zip(flat.split(rows), flat_labels.split(rows), strict=True):
+        index = chunk_labels.unsqueeze(-1)
+        if chunk.dtype in (torch.float32, torch.float64):
+            picked.append(chunk.gather(-1, index).squeeze(-1) - torch.logsumexp(chunk, dim=-1))
+        else:  # v2's choice for half precision: logsumexp is unstable there
+            picked.append(torch.log_softmax(chunk, dim=-1).gather(-1, index).squeeze(-1))
+    out = torch.cat(picked) if picked else flat.new_empty(0)
+    return out.view(labels.shape)
+
+
 def apply() -> None:
     from verl.workers import engine_workers
     from verl.workers.engine.base import EngineRegistry
@@ -48,6 +76,7 @@ def apply() -> None:
 
     if not getattr(transformer_impl, "_stapo_cpu_patched", False):
         transformer_impl.CPUOffloadPolicy = _unpinned_offload_policy(transformer_impl.CPUOffloadPolicy)
+        transformer_impl.logprobs_from_logits = logprobs_of_labels
         transformer_impl._stapo_cpu_patched = True
 
     # the FSDP engines register for cuda/npu only (transformer_impl.py ~1143, ~1594)
