@@ -24,11 +24,12 @@ RECIPE = "recipe.stapo.main_stapo"
 # full Hydra tracebacks, every worker's lines (no Ray de-duplication), lines as they are printed
 BASE_ENV = {"HYDRA_FULL_ERROR": "1", "RAY_DEDUP_LOGS": "0", "PYTHONUNBUFFERED": "1"}
 TICK_S = 0.5
-# PSS reads every process's page tables (/proc/PID/smaps_rollup): on a trainer's 20-odd processes of
-# several GiB each, sampling every tick cost 5-8 % of a core (top, per watching process) on 2 cores,
-# taken from the run it watches. A peak of a run that lasts minutes needs no finer grain than this;
-# a short process (a refused config, ``--cfg job``) is sampled every tick for its first seconds.
-MEMORY_SAMPLE_S = 5.0
+# PSS reads every process's page tables (/proc/PID/smaps_rollup): one sample of a tailbed trainer's 19
+# processes took 0.24 s of CPU (2026-11-26, two trainers running), so sampling every 5 s cost about 5 % of a
+# core per watched run, taken from the runs themselves on 2 cores; every 15 s, under 2 %. A run's peak (model
+# load, a validation of 25 s or more) needs no finer grain; a short process (a refused config, ``--cfg job``)
+# is sampled every tick for its first seconds.
+MEMORY_SAMPLE_S = 15.0
 EVERY_TICK_FOR_S = 10.0
 
 
