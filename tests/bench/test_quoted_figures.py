@@ -100,6 +100,18 @@ def lower_in(folder: str, name: str, quantity: str) -> str:
     return f"{sum(delta < 0 for delta in found)} of {len(found)}"
 
 
+def higher_in(folder: str, name: str, quantity: str) -> str:
+    """``k of n``: in how many of the paired seeds the group's value is above the baseline's."""
+    found = seed_deltas(folder, name, quantity)
+    return f"{sum(delta > 0 for delta in found)} of {len(found)}"
+
+
+def clipped_steps(folder: str, name: str) -> tuple[int, int]:
+    """(steps with any clipped token, steps logged) over a group's runs."""
+    values = [v for run in group(folder, name)["runs"] for v in run["series"]["pg_clipfrac"].values() if v is not None]
+    return sum(v > 0 for v in values), len(values)
+
+
 def pct(folder: str, name: str, quantity: str, digits: int) -> str:
     return mean(folder, name, quantity, digits, scale=100.0)
 
@@ -123,12 +135,13 @@ TB_ROWS = [
     ("unused mass, largest position of a step", "tail_mass_peak", 4),
     ("S2T tokens' share of the exact grad norm", "norm_share", 4),
 ]
-TB_GROUPS = ("algo=justrl", "algo=grpo", "algo=entropy20", "algo=stapo")
+TB_GROUPS = ("algo=justrl", "algo=grpo", "algo=entropy20", "algo=stapo", "algo=taco", "algo=lopti")
+TB_CELLS = " {} |" * len(TB_GROUPS)
 TB_QUOTES = [
-    (R, "| held-out acc, step 0 | {} | {} | {} | {} |", *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
-    *[(R, f"| {title} | {{}} | {{}} | {{}} | {{}} |", *[stat(TB, g, quantity, digits) for g in TB_GROUPS])
+    (R, "| held-out acc, step 0 |" + TB_CELLS, *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
+    *[(R, f"| {title} |" + TB_CELLS, *[stat(TB, g, quantity, digits) for g in TB_GROUPS])
       for title, quantity, digits in TB_ROWS],
-    *[(R, f"| {title} | {{}} | {{}} | {{}} |", *[paired(TB, g, quantity, digits) for g in TB_GROUPS[1:]])
+    *[(R, f"| {title} |" + TB_CELLS[5:], *[paired(TB, g, quantity, digits) for g in TB_GROUPS[1:]])
       for title, quantity, digits in TB_ROWS],
     (R, "STAPO silenced {} % of the response tokens", pct(TB, "algo=stapo", "mask_ratio", 3)),
     (R, "the wall times ({}-{} min a run)",
@@ -159,6 +172,34 @@ TB_QUOTES = [
      run_value(TB, "algo=entropy20", 4, "entropy_first", 4), run_value(TB, "algo=entropy20", 4, "entropy_last", 4)),
     (R, "STAPO against JustRL {} (per seed {}), against GRPO {}", paired(TB, "algo=stapo", "final_acc"),
      ", ".join(deltas(TB, "algo=stapo", "final_acc")), paired_vs(TB, "algo=stapo", "algo=grpo", "final_acc")),
+    (R, "Against JustRL, TACO's filler mass a position over the run is {} (lower in {} seeds), over the last 10 steps "
+        "{} (lower in {}), its largest single-position filler mass {} (lower in {}), the S2T tokens' share of the "
+        "exact gradient norm {} (lower in {}) and its mean entropy at step 100 {} (lower in {})",
+     *[x for q, d in (("tail_mass", 6), ("tail_mass_late", 6), ("tail_mass_peak", 4), ("norm_share", 4),
+                      ("entropy_last", 4))
+       for x in (paired(TB, "algo=taco", q, d), lower_in(TB, "algo=taco", q))]),
+    (R, "TACO minus STAPO, seed by seed: filler mass over the run {}, over the last 10 steps {}, exact grad-norm share "
+        "{}", paired_vs(TB, "algo=taco", "algo=stapo", "tail_mass", 6),
+     paired_vs(TB, "algo=taco", "algo=stapo", "tail_mass_late", 6),
+     paired_vs(TB, "algo=taco", "algo=stapo", "norm_share", 4)),
+    (R, "TACO's held-out accuracy at step 100 is {} against JustRL (per seed {})", paired(TB, "algo=taco", "final_acc"),
+     ", ".join(deltas(TB, "algo=taco", "final_acc"))),
+    (R, "Lopti's held-out accuracy at step 100 is {} against JustRL (per seed {}), its train reward over the last 10 "
+        "steps {}", paired(TB, "algo=lopti", "final_acc"), ", ".join(deltas(TB, "algo=lopti", "final_acc")),
+     paired(TB, "algo=lopti", "late_reward")),
+    (R, "its largest mean entropy of a step is higher in {} seeds ({}) and its filler mass a position over the run "
+        "higher in {} ({})", higher_in(TB, "algo=lopti", "entropy_peak"), paired(TB, "algo=lopti", "entropy_peak", 4),
+     higher_in(TB, "algo=lopti", "tail_mass"), paired(TB, "algo=lopti", "tail_mass", 6)),
+    (R, "in seed 3 its mean entropy ended at {} (JustRL's {}) and its filler mass over the last 10 steps at {} "
+        "(JustRL's {})", run_value(TB, "algo=lopti", 3, "entropy_last", 4), run_value(TB, "algo=justrl", 3,
+                                                                                      "entropy_last", 4),
+     run_value(TB, "algo=lopti", 3, "tail_mass_late", 6), run_value(TB, "algo=justrl", 3, "tail_mass_late", 6)),
+    (R, "Lopti's second update a step clipped tokens in {} of its {} steps", *clipped_steps(TB, "algo=lopti")),
+    (M, "TACO's soft weight trims the tail further and to the end of the run (filler mass over the last 10 steps {} "
+        "against JustRL, lower in {} seeds; held-out {}, unsettled); Lopti's second update a step raises the filler "
+        "mass and the entropy (largest mean entropy of a step higher in {} seeds)",
+     paired(TB, "algo=taco", "tail_mass_late", 6), lower_in(TB, "algo=taco", "tail_mass_late"),
+     paired(TB, "algo=taco", "final_acc"), higher_in(TB, "algo=lopti", "entropy_peak")),
 ]
 QUOTES = [
     # README.md's summary of the recorded comparisons
@@ -306,6 +347,7 @@ QUOTES = [
 # every seed's paired difference has the sign the reading says ("lower in each seed")
 LOWER_IN_EACH_SEED = [
     *[(TB, "algo=stapo", q) for q in ("tail_mass", "tail_mass_peak", "norm_share")],
+    *[(TB, "algo=taco", q) for q in ("tail_mass", "tail_mass_late", "tail_mass_peak", "norm_share", "entropy_last")],
     (TB, "algo=entropy20", "late_reward"),
 ]
 
@@ -338,6 +380,7 @@ def test_lower_in_each_seed_is_true_of_every_seed(folder, name, quantity):
 
 def test_the_clip_never_acted_in_the_tailbed_cell():
     """results/README.md says GRPO differs from JustRL there only by its KL term because one on-policy update a step
-    leaves every ratio at 1: no step of any run clipped a token."""
-    runs = [run for g in load(TB)["groups"] for run in g["runs"]]
+    leaves every ratio at 1: no step of any run clipped a token, but in Lopti's, whose second update a step starts
+    from weights the first one moved."""
+    runs = [run for g in load(TB)["groups"] if g["group"] != "algo=lopti" for run in g["runs"]]
     assert all(value == 0 for run in runs for value in run["series"]["pg_clipfrac"].values() if value is not None)
