@@ -90,3 +90,29 @@ def test_the_in_place_cache_timings_are_what_benchmarks_md_quotes():
     text = (REPO / "BENCHMARKS.md").read_text()
     for title, (old, new) in rows.items():
         assert f"| {title} | {old} | {new} |" in text, title
+
+
+def test_the_batched_log_prob_timings_are_what_benchmarks_md_quotes():
+    """BENCHMARKS.md's table of the batched log-probs, and the ratios under it, recomputed from the runs' logs and
+    the model work."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    runs = json.loads((folder / "2026-11-26-batched-logprobs.json").read_text())
+    work = json.loads((folder / "2026-11-26-batched-logprobs-model-work.json").read_text())["batched-logsumexp"]
+    before, after = summary(runs["row-logsumexp"]), summary(runs["batched-logsumexp"])
+    text = (REPO / "BENCHMARKS.md").read_text()
+    for phase in ("old_log_prob", "update_actor", "gen", "step"):
+        old, new = (f"{run['median_s'][phase]:.2f}" for run in (before, after))
+        assert f"| trainer: `{phase}`, median of steps 2-20 | {old} | {new} |" in text, phase
+    old, new = (", ".join(f"{v:.1f}" for v in run["testing_s"].values()) for run in (before, after))
+    assert f"| trainer: `testing` at steps 10, 20 | {old} | {new} |" in text
+    assert f"| trainer: 20 steps, command to exit | {before['wall_s']:.0f} | {after['wall_s']:.0f} |" in text
+    flat = " ".join(text.split())
+    assert (f"decoded as one batch {work['decode_step_s']:.2f} s, forward + backward + GainAdamW "
+            f"{work['update_s']:.2f} s, so {work['step_model_work_s']:.2f} s a step; the validation's 64 x 8 decoded "
+            f"{work['decode_validation_s']:.2f} s") in flat
+    step = work["step_model_work_s"]
+    now, was = after["median_s"]["step"], before["median_s"]["step"]
+    assert f"The step is now {now / step:.1f}x its model work ({now:.2f} s; {was / step:.1f}x before)" in flat
+    validation = sorted(v / work["decode_validation_s"] for v in after["testing_s"].values())
+    assert f"a validation {validation[0]:.1f}-{validation[-1]:.1f}x its decode" in flat
+    assert f"({after['median_s']['update_actor']:.2f} against {work['update_s']:.2f} s)" in flat
