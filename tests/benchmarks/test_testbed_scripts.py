@@ -116,3 +116,13 @@ def test_the_batched_log_prob_timings_are_what_benchmarks_md_quotes():
     validation = sorted(v / work["decode_validation_s"] for v in after["testing_s"].values())
     assert f"a validation {validation[0]:.1f}-{validation[-1]:.1f}x its decode" in flat
     assert f"({after['median_s']['update_actor']:.2f} against {work['update_s']:.2f} s)" in flat
+
+
+def test_the_batched_log_prob_runs_logged_the_same_numbers():
+    """BENCHMARKS.md says every metric of the two runs is identical at all 20 steps: the logged values, as printed."""
+    runs = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-26-batched-logprobs-metrics.json").read_text())
+    before, after = runs["runs"]["row-logsumexp"], runs["runs"]["batched-logsumexp"]
+    count = sum(len(metrics) for metrics in before.values())
+    assert sorted(before, key=int) == [str(step) for step in range(1, 21)] and before == after
+    assert f"({count:,} logged values other than timings" in " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    assert before["20"]["val-core/stapo/addition/acc/mean@8"].startswith("0.3457")
