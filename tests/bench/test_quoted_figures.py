@@ -136,12 +136,12 @@ TB_ROWS = [
     ("S2T tokens' share of the exact grad norm", "norm_share", 4),
 ]
 TB_GROUPS = ("algo=justrl", "algo=grpo", "algo=entropy20", "algo=stapo", "algo=taco", "algo=lopti")
-TB_CELLS = " {} |" * len(TB_GROUPS)
+TB_CELL = " {} |"  # one column of a TB table row; the paired table has no column for the baseline
 TB_QUOTES = [
-    (R, "| held-out acc, step 0 |" + TB_CELLS, *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
-    *[(R, f"| {title} |" + TB_CELLS, *[stat(TB, g, quantity, digits) for g in TB_GROUPS])
+    (R, "| held-out acc, step 0 |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
+    *[(R, f"| {title} |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, quantity, digits) for g in TB_GROUPS])
       for title, quantity, digits in TB_ROWS],
-    *[(R, f"| {title} |" + TB_CELLS[5:], *[paired(TB, g, quantity, digits) for g in TB_GROUPS[1:]])
+    *[(R, f"| {title} |" + TB_CELL * (len(TB_GROUPS) - 1), *[paired(TB, g, quantity, digits) for g in TB_GROUPS[1:]])
       for title, quantity, digits in TB_ROWS],
     (R, "STAPO silenced {} % of the response tokens", pct(TB, "algo=stapo", "mask_ratio", 3)),
     (R, "the wall times ({}-{} min a run)",
