@@ -92,3 +92,11 @@ def flag_means(data_sources: Sequence, sample_uids: Sequence, infos: Mapping[str
             out[f"val-aux/{source}/{key}/mean@{n}"] = sum(means) / len(prompts)
             out[f"val-aux/{source}/{key}/std@{n}"] = sum(stds) / len(prompts)
     return out
+
+
+def decoding_key(key: str, decoding: str) -> str:
+    """A validation metric's name at a further decoding setting: its first segment tagged with the setting's
+    name, the rest kept (``val-core/x/acc/mean@8`` -> ``val-core@T0.7/x/acc/mean@8``, ``val/average/acc`` ->
+    ``val@T0.7/average/acc``), so every logger, plot and table that splits on '/' keeps working."""
+    first, sep, rest = key.partition("/")
+    return f"{first}@{decoding}{sep}{rest}"

@@ -58,6 +58,7 @@ def validate_run_config(config) -> None:
     _check_distillation(config)
     _check_geo_mean(config)
     _check_recipe_keys(config)
+    _check_val_decodings(config)
     _check_no_secrets(config)
 
 
@@ -364,6 +365,27 @@ def _check_recipe_keys(config) -> None:
         seed = stapo.get("synthetic_seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise STAPOConfigError(f"stapo.synthetic_seed must be an integer, got {seed!r}")
+
+
+def _check_val_decodings(config) -> None:
+    """``stapo.val_decodings``: distinct names of the evaluation's decoding settings, sent by the seeded agent loop."""
+    from stapo.eval.core import DECODING
+    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+
+    names = OmegaConf.select(config, "stapo.val_decodings", default=None) or []
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise STAPOConfigError(f"stapo.val_decodings must be a list of names from {list(DECODING)}, got {names!r}")
+    unknown = [name for name in names if name not in DECODING]
+    if unknown or len(set(names)) != len(names):
+        raise STAPOConfigError(
+            f"stapo.val_decodings must be distinct names from {list(DECODING)}, got {list(names)!r}"
+        )
+    agent_loop = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.default_agent_loop", default=None)
+    if names and agent_loop != AGENT_LOOP_NAME:
+        raise STAPOConfigError(
+            f"stapo.val_decodings needs actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME} "
+            f"(got {agent_loop!r}): that agent loop sets each validation request's decoding"
+        )
 
 
 def _check_no_secrets(config) -> None:

@@ -3,8 +3,9 @@
 Chosen with ``actor_rollout_ref.rollout.agent.default_agent_loop=stapo_seeded``; the seed comes
 from ``stapo.verl_plugin.seeding.seed_for_request``. For the CPU back-end's HF server it also
 announces the request's group (the n samples of one prompt), which that server generates as one
-batch; vLLM gets the seed only (its sampling parameters take no other key). Everything else is
-verl's loop unchanged.
+batch; vLLM gets the seed only (its sampling parameters take no other key). A validation row tagged
+with a further decoding setting (``stapo.val_decodings``, see ``val_decodings``) is sampled at that
+setting's temperature and top-p. Everything else is verl's loop unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentL
 
 from stapo.verl_plugin.cpu.rollout import GROUP_PARAM, ROLLOUT_NAME
 from stapo.verl_plugin.seeding import AGENT_LOOP_NAME, seed_for_request
+from stapo.verl_plugin.val_decodings import DECODING_FIELD, sampling_of
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 
@@ -51,13 +53,17 @@ def group_size(rollout_config, sampling_params: dict[str, Any]) -> int | None:
 
 @register(AGENT_LOOP_NAME)
 class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
-    """verl's single-turn agent loop with ``sampling_params['seed']`` set for each request."""
+    """verl's single-turn agent loop with ``sampling_params['seed']`` set for each request (and a validation
+    row's decoding setting, when it names one)."""
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
         rollout_seed = int(self.rollout_config.get("seed", 42))
         seeded = dict(sampling_params, seed=seed_for_request(rollout_seed, kwargs))
         if self.rollout_config.name == ROLLOUT_NAME and "session_id" in kwargs and "uid" in kwargs:
+            # the group size from the settings verl chose (val_kwargs'), before a further decoding replaces them
             size = group_size(self.rollout_config, sampling_params)
             if size is not None and size > 1:
                 seeded[GROUP_PARAM] = {"key": str(kwargs["uid"]), "size": size, "index": int(kwargs["session_id"])}
+        if kwargs.get(DECODING_FIELD) is not None:
+            seeded.update(sampling_of(str(kwargs[DECODING_FIELD])))
         return await super().run(seeded, **kwargs)

@@ -42,6 +42,7 @@ from stapo.verl_plugin.losses import (
 from stapo.verl_plugin.mini_batches import MiniBatchSplit
 from stapo.verl_plugin.run_checks import validate_run_config
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS
+from stapo.verl_plugin.val_decodings import decoded_validation
 from stapo.verl_plugin.weight_sync import DEFAULT_TIMEOUT_S, with_deadline
 
 logger = logging.getLogger(__name__)
@@ -213,6 +214,18 @@ class STAPOTrainer(PPOTrainerSync):
             logger.warning("step %d: the driver's mask silences %d tokens, the workers folded %d: the diagnostics "
                            "of this step describe another mask", self.global_steps, built[1], folded)
         return {METRIC_PREFIX + "driver_mask_diff": diff}
+
+    def _validate(self) -> dict[str, float]:
+        """verl's validation, then one more pass for each setting of ``stapo.val_decodings`` (the paper's second
+        decoding, T=0.7 / top-p=0.9), its metrics named after the setting (``val@T0.7/average/acc``)."""
+        from stapo.eval.val_metrics import decoding_key
+
+        metrics = super()._validate()
+        for name in self.config.get("stapo", {}).get("val_decodings", None) or []:
+            with decoded_validation(self, name):
+                extra = super()._validate()
+            metrics.update({decoding_key(key, name): value for key, value in extra.items()})
+        return metrics
 
     def _val_metrics_update(self, data_sources, sample_uids, reward_extra_infos_dict, *args, **kwargs):
         """verl's validation metrics plus ``val/<benchmark>/acc`` and ``val/average/acc``; the reward's 0/1 flags

@@ -12,6 +12,8 @@ seeds of it, compared the same way.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.e2e.cpu_runs import Run
@@ -45,7 +47,12 @@ def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
     rollout dump, the CPU back-end switched on by the driver instead of the preset's runtime env).
     This is also the suite's proof that two launches of one configuration give the same numbers: two
     processes that differ in a mask which removes nothing agree bit for bit (the same config launched
-    twice used to be a run of its own in tests/e2e/test_reproducible.py)."""
+    twice used to be a run of its own in tests/e2e/test_reproducible.py).
+
+    The STAPO run also validates after step 1, at verl's val_kwargs and at the paper's second decoding
+    (``stapo.val_decodings=[T0.7]``), which the GRPO run does not: the validation passes change no training
+    number and no rollout of step 2, and the second pass samples other texts from the same problems (its own
+    dump folder), logged under its own names."""
     assert grpo_run.overrides[:3] == ["algo=grpo", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
     grpo = grpo_run.run
     silent = [
@@ -57,18 +64,39 @@ def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=0.001",
         "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "trainer.test_freq=1",
+        "stapo.val_decodings=[T0.7]",
+        f"trainer.validation_data_dir={tmp_path / 'val'}",
     ]
     stapo_run = launch(tmp_path / "stapo", silent, rollouts=True)
     stapo = stapo_run.run
+    validated = {step: {k for k in stapo.steps[step] if k.startswith("val")} for step in stapo.steps}
+    for step in (1, 2):
+        assert "val/average/acc" in validated[step] and "val@T0.7/average/acc" in validated[step], sorted(validated)
+        assert {k for k in validated[step] if "@T0.7" not in k} == {
+            k.replace("@T0.7", "", 1) for k in validated[step] if "@T0.7" in k}
+    first, second = validation_dump(tmp_path / "val", 1), validation_dump(tmp_path / "val" / "T0.7", 1)
+    assert [prompt for prompt, _ in first] == [prompt for prompt, _ in second] and len(first) == 32
+    assert sum(a != b for (_, a), (_, b) in zip(first, second)) > 0
     assert all(stapo.steps[s]["actor/stapo/num_candidates"] == 0 for s in stapo.steps)
     assert all(stapo.steps[s]["actor/stapo/num_spurious"] == 0 for s in stapo.steps)
-    expected, got = algorithm_metrics(grpo), algorithm_metrics(stapo)
+    expected = algorithm_metrics(grpo)
+    got = {step: {k: v for k, v in m.items() if k not in validated[step]}
+           for step, m in algorithm_metrics(stapo).items()}
     assert "actor/kl_loss" in got[1] and "actor/pg_loss" in got[1]
     assert len(got[1]) > 40, sorted(got[1])  # the whole metric set, not a parsing accident
     assert grpo.steps[1]["actor/grad_norm"] > 0  # a real update between the steps: step 2 checks it too
     for step in expected:
         assert got[step] == expected[step], metric_diff(expected[step], got[step])
         assert rollouts_of(stapo_run.rollouts, step) == rollouts_of(grpo_run.rollouts, step), step
+
+
+def validation_dump(folder, step: int) -> list[tuple[str, str]]:
+    """verl's validation dump of one step (trainer.validation_data_dir), as (prompt, response) by prompt and sample
+    (the uids are fresh each pass; a key ends in _<sample>_<output>)."""
+    rows = [json.loads(line) for line in (folder / f"{step}.jsonl").read_text().splitlines()]
+    rows.sort(key=lambda row: (row["input"], row["uid"].rsplit("_", 2)[1:]))
+    return [(row["input"], row["output"]) for row in rows]
 
 
 def metric_diff(expected: dict, got: dict) -> str:

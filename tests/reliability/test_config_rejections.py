@@ -105,6 +105,11 @@ REJECTED = [
     ([f"{ROLLOUT}.name=sglang"], f"{ROLLOUT}.name=sglang needs GPUs but trainer.device=cpu"),
     (["stapo.weight_sync_timeout_s=0"], "stapo.weight_sync_timeout_s must be a number of seconds > 0, got 0"),
     (["stapo.hf_rollout_batch=all"], "stapo.hf_rollout_batch must be one of ['submission', 'group'], got 'all'"),
+    (["stapo.val_decodings=[T0.5]"], "stapo.val_decodings must be distinct names from ['T1.0', 'T0.7'], got ['T0.5']"),
+    (["stapo.val_decodings=[T0.7,T0.7]"], "stapo.val_decodings must be distinct names from ['T1.0', 'T0.7'], got"),
+    (["stapo.val_decodings=T0.7"], "stapo.val_decodings must be a list of names from ['T1.0', 'T0.7'], got 'T0.7'"),
+    (["stapo.val_decodings=[T0.7]", f"{ROLLOUT}.agent.default_agent_loop=tool_agent"],
+     f"stapo.val_decodings needs {ROLLOUT}.agent.default_agent_loop=stapo_seeded (got 'tool_agent')"),
     # batch sizes (tiny: 4 prompts x 8 responses, mini-batch 4, micro 8, log-prob micro 16, one rank)
     (["data.train_batch_size=6"], f"data.train_batch_size (6) must be a multiple of {MINI} (4)"),
     ([f"{MINI}=8"], f"data.train_batch_size (4) must be a multiple of {MINI} (8)"),
@@ -174,6 +179,7 @@ ACCEPTED = [
     [f"{PL}.tau_p=0.999", f"{PL}.entropy_quantile=1.0"],
     [f"{ACTOR}.clip_ratio_low=0.0", f"{ACTOR}.clip_ratio_high=0.0", f"{ACTOR}.clip_ratio_c=1.001"],
     [f"{ACTOR}.clip_ratio_low=1.0"],  # a floor of 1 - 1 = 0: no lower clip, on purpose (README, Reliability)
+    ["stapo.val_decodings=[T0.7,T1.0]", f"{ROLLOUT}.agent.default_agent_loop=stapo_seeded"],
     ["trainer.total_training_steps=null", f"{ACTOR}.optim.lr=0", "trainer.logger=[console,file]"],
     [f"{PL}.source=current", f"{ACTOR}.calculate_entropy=true"],
     [f"{PL}.source=current", f"{ACTOR}.entropy_coeff=0.001"],  # a bonus also turns the update entropy on
