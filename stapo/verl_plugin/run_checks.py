@@ -381,7 +381,8 @@ def _check_val_decodings(config) -> None:
             f"stapo.val_decodings must be distinct names from {list(DECODING)}, got {list(names)!r}"
         )
     agent_loop = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.default_agent_loop", default=None)
-    if names and agent_loop != AGENT_LOOP_NAME:
+    # verl's default loop is replaced by the seeded one before the run starts (seeding.pin_reproducibility)
+    if names and agent_loop not in (None, "single_turn_agent", AGENT_LOOP_NAME):
         raise STAPOConfigError(
             f"stapo.val_decodings needs actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME} "
             f"(got {agent_loop!r}): that agent loop sets each validation request's decoding"
