@@ -34,6 +34,7 @@ from pathlib import Path
 from stapo.runs.folder import RunData
 from stapo.runs.stats import mean_se
 from stapo.runs.summary import (
+    DECODING_ACC,
     QUANTITIES,
     TAIL_QUANTITIES,
     accuracy_series,
@@ -45,9 +46,11 @@ from stapo.runs.summary import (
 )
 from stapo.runs.tables import (
     GridAxis,
+    decoding_table,
     entropy_is_token_mean,
     grid_tables,
     markdown_table,
+    paired_decoding_table,
     paired_table,
     paired_tail_table,
     step_line,
@@ -58,7 +61,10 @@ from stapo.runs.threshold_table import threshold_table
 __all__ = ["ComparisonError", "comparison_step", "mean_se", "paired_differences", "summarize_group",
            "summarize_run", "write_comparison"]
 
-PAIRED = ("final_acc", "best_acc", "late_reward", "entropy_last", "wall_s", *TAIL_QUANTITIES)
+PAIRED = (
+    "final_acc", "best_acc", "late_reward", "entropy_last", "wall_s", *TAIL_QUANTITIES,
+    *(f"final_acc@{name}" for name in DECODING_ACC),
+)
 
 
 def add_step_option(parser) -> None:
@@ -233,12 +239,13 @@ def build_comparison(
         "acc_key": "val/average/acc",
         "groups": summary,
     }
-    text = step_line(document) + markdown_table(summary) + tail_table(summary)
+    text = step_line(document) + markdown_table(summary) + tail_table(summary) + decoding_table(summary)
     if paired and len(summary) > 1:
         baseline = summary[0]["group"] if baseline is None else baseline
         document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}
         text += paired_table(document["paired"]["groups"], baseline)
         text += paired_tail_table(document["paired"]["groups"], baseline)
+        text += paired_decoding_table(document["paired"]["groups"], baseline)
     if grid is not None:
         text += grid_tables(summary, *grid)
     # the threshold grid of the groups that train with the S2T mask (the others log it too: the same

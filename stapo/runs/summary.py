@@ -23,6 +23,9 @@ Per run, at step ``at``:
   step (an explosion that has passed by ``at`` still shows here); ``norm_share``, the mean over steps of
   the S2T tokens' (silenced, or would-be-silenced for algorithms without the mask) share of the positive
   tokens' exact logit-gradient norm;
+- ``initial_acc@<name>`` / ``final_acc@<name>``, for each decoding setting of ``stapo.eval.core.DECODING``: the
+  held-out accuracy of the extra validation pass at that setting (``stapo.val_decodings``, logged as
+  ``val@<name>/average/acc``) at step 0 and at the last shared held-out step; None where the run has none;
 - ``wall_s``: the sweep's own clock summed over the run's segments (a resumed run's restarts included)
   when every compared run ran to its end at ``at``, else the logged step times up to ``at``.
 
@@ -37,7 +40,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stapo.eval.val_metrics import benchmark_val_metrics
+from stapo.eval.core import DECODING
+from stapo.eval.val_metrics import benchmark_val_metrics, decoding_key
 from stapo.rundir import ENTROPY_MAX, ENTROPY_TOKEN_MEAN, TAIL_MASS, TAIL_MASS_MAX, TAIL_SAMPLED, VERL_ENTROPY
 from stapo.runs.folder import STEP_TIME, RunData, config_value, recorded_segments
 
@@ -58,9 +62,12 @@ NORM_SHARE = "actor/stapo/grad_norm_share_spurious"
 NORM_SQ_SHARE = "actor/stapo/grad_norm_sq_share_spurious"
 LATE_STEPS = 10
 TAIL_QUANTITIES = ("tail_mass", "tail_mass_late", "tail_mass_peak", "entropy_max_peak", "entropy_peak", "norm_share")
+# held-out accuracy of the further validation passes (stapo.val_decodings), by decoding setting
+DECODING_ACC = {name: decoding_key(ACC, name) for name in DECODING}
+DECODING_QUANTITIES = tuple(f"{stat}@{name}" for name in DECODING for stat in ("initial_acc", "final_acc"))
 QUANTITIES = (
     "initial_acc", "final_acc", "best_acc", "late_reward", "entropy_first", "entropy_last", "mask_ratio",
-    "grad_share", "wall_s", *TAIL_QUANTITIES,
+    "grad_share", "wall_s", *TAIL_QUANTITIES, *DECODING_QUANTITIES,
 )
 # kept per step in comparison.json (under the name on the left) where the run logged them
 SERIES = {
@@ -240,6 +247,12 @@ def summarize_run(
     series = {name: found for name, key in SERIES.items() if (found := key_series(steps, key))}
     if acc:
         series["held_out_acc"] = acc
+    for name, key in DECODING_ACC.items():
+        decoded = key_series(steps, key)
+        values[f"initial_acc@{name}"] = decoded.get(0)
+        values[f"final_acc@{name}"] = decoded.get(shared[-1]) if shared and shared[-1] > 0 else None
+        if decoded:
+            series[f"held_out_acc@{name}"] = decoded
     if entropy:
         series["entropy"] = entropy
     return RunSummary(run, at, values, entropy, token_mean, agg, series)

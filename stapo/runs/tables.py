@@ -6,9 +6,11 @@ disagree.
 
 from __future__ import annotations
 
+from stapo.eval.core import DECODING
 from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.runs.summary import (
     ACC,
+    DECODING_ACC,
     ENTROPY,
     ENTROPY_MAX,
     GRAD_BOUND,
@@ -168,6 +170,56 @@ def paired_tail_table(differences: list[dict], baseline: str) -> str:
     for group in differences:
         seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
         cells = " | ".join(cell(group["diff"][stat], digits) for stat, _, digits in TAIL_COLUMNS)
+        rows.append(f"| {group['group']} | {seeds} | {cells} |")
+    return "\n".join(rows) + "\n"
+
+
+def decodings_in(rows: list[dict], key: str) -> list[str]:
+    """The further decoding settings some row holds a final held-out accuracy for (``stapo.val_decodings``)."""
+    return [name for name in DECODING if any(row[key][f"final_acc@{name}"]["mean"] is not None for row in rows)]
+
+
+def setting(name: str) -> str:
+    return f"{name} (T={DECODING[name]['temperature']}, top-p={DECODING[name]['top_p']})"
+
+
+def decoding_table(groups: list[dict]) -> str:
+    """Held-out accuracy at each further decoding the runs validated at, beside the main table's (at
+    ``val_kwargs``); empty when no run validated at one."""
+    names = decodings_in(groups, "stats")
+    if not names:
+        return ""
+    rows = [
+        "\n| group | seeds | " + " | ".join(f"{setting(n)}: step 0 | {n}: final" for n in names) + " |",
+        "|---|---|" + "---|---|" * len(names),
+    ]
+    for group in groups:
+        seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
+        s = group["stats"]
+        cells = " | ".join(f"{cell(s[f'initial_acc@{n}'], 3)} | {cell(s[f'final_acc@{n}'], 3)}" for n in names)
+        rows.append(f"| {group['group']} | {seeds} | {cells} |")
+    note = (
+        "\nHeld-out accuracy at a further decoding setting: the same problems, samples per problem and sampler "
+        f"seeds as the main table's, sampled at that setting (`stapo.val_decodings`, logged as "
+        f"`{DECODING_ACC[names[0]]}`), at step 0 and at the held-out step compared. The main table's accuracy is "
+        "at the run's `actor_rollout_ref.rollout.val_kwargs`.\n"
+    )
+    return "\n".join(rows) + "\n" + note
+
+
+def paired_decoding_table(differences: list[dict], baseline: str) -> str:
+    """The final held-out accuracy at each further decoding, paired by seed with the baseline; empty when none."""
+    names = decodings_in(differences, "diff")
+    if not names:
+        return ""
+    rows = [
+        f"\nAt the further decodings, paired by seed: group minus `{baseline}`, mean ± standard error.\n",
+        "| group | seeds paired | " + " | ".join(f"Δ final held-out acc, {setting(n)}" for n in names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for group in differences:
+        seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
+        cells = " | ".join(cell(group["diff"][f"final_acc@{n}"], 3) for n in names)
         rows.append(f"| {group['group']} | {seeds} | {cells} |")
     return "\n".join(rows) + "\n"
 
