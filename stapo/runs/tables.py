@@ -175,8 +175,12 @@ def paired_tail_table(differences: list[dict], baseline: str) -> str:
 
 
 def decodings_in(rows: list[dict], key: str) -> list[str]:
-    """The further decoding settings some row holds a final held-out accuracy for (``stapo.val_decodings``)."""
-    return [name for name in DECODING if any(row[key][f"final_acc@{name}"]["mean"] is not None for row in rows)]
+    """The further decoding settings some row holds a held-out accuracy for (``stapo.val_decodings``)."""
+    def held(row: dict, name: str) -> bool:
+        stats = (row[key].get(f"{stat}@{name}") for stat in ("initial_acc", "final_acc"))
+        return any(stat is not None and stat["mean"] is not None for stat in stats)
+
+    return [name for name in DECODING if any(held(row, name) for row in rows)]
 
 
 def setting(name: str) -> str:
