@@ -10,6 +10,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from stapo.eval.core import DECODING
+from stapo.eval.val_metrics import decoding_key
 from stapo.rundir import ENTROPY_KEYS
 
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
@@ -55,7 +57,8 @@ class Progress:
 
     def line(self, step: int, metrics: dict[str, float]) -> str:
         if "timing_s/step" not in metrics and "val/average/acc" in metrics:  # validation before training
-            return f"[{self.label}] held-out accuracy before training: {metrics['val/average/acc']:.3f}"
+            return f"[{self.label}] held-out accuracy before training: {metrics['val/average/acc']:.3f}" + \
+                further_decodings(metrics)
         if "timing_s/step" in metrics:
             self.step_seconds.append(metrics["timing_s/step"])
         per_step = sum(self.step_seconds) / len(self.step_seconds) if self.step_seconds else 0.0
@@ -73,5 +76,12 @@ class Progress:
             f"ETA {format_duration(remaining)}",
         ]
         if "val/average/acc" in metrics:
-            parts.append(f"held-out acc {metrics['val/average/acc']:.3f}")
+            parts.append(f"held-out acc {metrics['val/average/acc']:.3f}{further_decodings(metrics)}")
         return " | ".join(parts)
+
+
+def further_decodings(metrics: dict[str, float]) -> str:
+    """`` (T0.7 0.855)`` for the held-out accuracy of each further decoding logged (``stapo.val_decodings``)."""
+    keys = {name: decoding_key("val/average/acc", name) for name in DECODING}
+    found = [f"{name} {metrics[key]:.3f}" for name, key in keys.items() if key in metrics]
+    return f" ({', '.join(found)})" if found else ""

@@ -81,6 +81,10 @@ def test_console_lines_parse_and_progress_has_eta():
     assert parse_steps(line + "\nstep:4 - timing_s/step:30.0\n") == {3: metrics, 4: {"timing_s/step": 30.0}}
     progress = Progress(total_steps=10)
     assert "held-out accuracy before training: 0.250" in progress.line(0, {"val/average/acc": 0.25})
+    second = {"val/average/acc": 0.25, "val@T0.7/average/acc": 0.5}  # stapo.val_decodings=[T0.7]
+    assert progress.line(0, second).endswith("held-out accuracy before training: 0.250 (T0.7 0.500)")
+    assert Progress(total_steps=10).line(10, {**second, "timing_s/step": 1.0}).endswith(
+        "| held-out acc 0.250 (T0.7 0.500)")
     text = progress.line(3, metrics)
     assert "step 3/10" in text and "reward -0.250" in text and "mask 0.0125" in text and "ETA 1m10s" in text
     assert "acc -" in text  # absent metrics show a dash, never a crash
