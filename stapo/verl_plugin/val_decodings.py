@@ -1,7 +1,7 @@
 """Held-out validation at further decoding settings, beside verl's own (``stapo.val_decodings``).
 
 The paper trains at T=1 / top-p=1 and evaluates at both T=1 / top-p=1 and T=0.7 / top-p=0.9
-(docs/algorithm.md, evaluation). verl validates once, with ``rollout.val_kwargs``. For each name in
+(``stapo.eval.core``, the evaluation protocol). verl validates once, with ``rollout.val_kwargs``. For each name in
 ``stapo.val_decodings`` (a setting of ``stapo.eval.core.DECODING``) the STAPO trainer validates again:
 the same problems, the same n, the same per-request seeds (common random numbers across decodings),
 and logs every metric of that pass under the setting's name (``stapo.eval.val_metrics.decoding_key``).
