@@ -10,9 +10,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from stapo.eval.core import DECODING
-from stapo.eval.val_metrics import decoding_key
 from stapo.rundir import ENTROPY_KEYS
+from stapo.runs.summary import DECODING_ACC
 
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 _METRIC = re.compile(r"(\S+):(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)")
@@ -82,6 +81,5 @@ class Progress:
 
 def further_decodings(metrics: dict[str, float]) -> str:
     """`` (T0.7 0.855)`` for the held-out accuracy of each further decoding logged (``stapo.val_decodings``)."""
-    keys = {name: decoding_key("val/average/acc", name) for name in DECODING}
-    found = [f"{name} {metrics[key]:.3f}" for name, key in keys.items() if key in metrics]
+    found = [f"{name} {metrics[key]:.3f}" for name, key in DECODING_ACC.items() if key in metrics]
     return f" ({', '.join(found)})" if found else ""
