@@ -137,6 +137,22 @@ TB_ROWS = [
 ]
 TB_GROUPS = ("algo=justrl", "algo=grpo", "algo=entropy20", "algo=stapo", "algo=taco", "algo=lopti")
 TB_CELL = " {} |"  # one column of a TB table row; the paired table has no column for the baseline
+TD = "tailbed-decodings"
+TD_QUOTES = [
+    (R, "| held-out acc at T=1 / top-p=1, step 0 | {} | {} | |", stat(TD, "algo=justrl", "initial_acc"),
+     stat(TD, "algo=stapo", "initial_acc")),
+    (R, "| held-out acc at T=1 / top-p=1, step 100 | {} | {} | {} |", stat(TD, "algo=justrl", "final_acc"),
+     stat(TD, "algo=stapo", "final_acc"), paired(TD, "algo=stapo", "final_acc")),
+    (R, "| held-out acc at T=0.7 / top-p=0.9, step 0 | {} | {} | |", stat(TD, "algo=justrl", "initial_acc@T0.7"),
+     stat(TD, "algo=stapo", "initial_acc@T0.7")),
+    (R, "| held-out acc at T=0.7 / top-p=0.9, step 100 | {} | {} | {} |", stat(TD, "algo=justrl", "final_acc@T0.7"),
+     stat(TD, "algo=stapo", "final_acc@T0.7"), paired(TD, "algo=stapo", "final_acc@T0.7")),
+    (R, "({} against\n{} at T=1)", mean(TD, "algo=justrl", "initial_acc@T0.7"),
+     mean(TD, "algo=justrl", "initial_acc")),
+    (M, "(0.975 held-out at step 0) and STAPO ends {} below JustRL", paired(TD, "algo=stapo", "final_acc@T0.7",
+                                                                            sign=False).lstrip("-")),
+    (R, "STAPO ends 0.004 ± 0.002 below JustRL\n(lower in {} seeds", lower_in(TD, "algo=stapo", "final_acc@T0.7")),
+]
 TB_QUOTES = [
     (R, "| held-out acc, step 0 |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
     *[(R, f"| {title} |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, quantity, digits) for g in TB_GROUPS])
@@ -343,6 +359,7 @@ QUOTES = [
     (R, "The runs took {}-{} min each", *[str(round(f(r["wall_s"] for g in load(SM)["groups"] for r in g["runs"]) / 60))
                                           for f in (min, max)]),
     *TB_QUOTES,
+    *TD_QUOTES,
 ]
 # every seed's paired difference has the sign the reading says ("lower in each seed")
 LOWER_IN_EACH_SEED = [
