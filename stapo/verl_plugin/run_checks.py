@@ -370,7 +370,7 @@ def _check_recipe_keys(config) -> None:
 def _check_val_decodings(config) -> None:
     """``stapo.val_decodings``: distinct names of the evaluation's decoding settings, sent by the seeded agent loop."""
     from stapo.eval.core import DECODING
-    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME, REPLACED_AGENT_LOOPS
 
     names = OmegaConf.select(config, "stapo.val_decodings", default=None) or []
     if isinstance(names, str) or not all(isinstance(name, str) for name in names):
@@ -382,7 +382,7 @@ def _check_val_decodings(config) -> None:
         )
     agent_loop = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.default_agent_loop", default=None)
     # verl's default loop is replaced by the seeded one before the run starts (seeding.pin_reproducibility)
-    if names and agent_loop not in (None, "single_turn_agent", AGENT_LOOP_NAME):
+    if names and agent_loop not in (*REPLACED_AGENT_LOOPS, AGENT_LOOP_NAME):
         raise STAPOConfigError(
             f"stapo.val_decodings needs actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME} "
             f"(got {agent_loop!r}): that agent loop sets each validation request's decoding"

@@ -20,6 +20,8 @@ from typing import Any
 
 AGENT_LOOP_NAME = "stapo_seeded"
 SEED_BITS = 63  # vLLM and torch.Generator both take a non-negative int64
+# default_agent_loop values that pin_reproducibility replaces with the seeded loop (unset, or verl's default)
+REPLACED_AGENT_LOOPS = (None, "single_turn_agent")
 
 
 def request_seed(rollout_seed: int, step: int, prompt_key: str, sample: int | str) -> int:
@@ -80,7 +82,7 @@ def pin_reproducibility(config) -> list[str]:
 
     changed = []
     agent_key = "actor_rollout_ref.rollout.agent.default_agent_loop"
-    if OmegaConf.select(config, agent_key) in (None, "single_turn_agent"):
+    if OmegaConf.select(config, agent_key) in REPLACED_AGENT_LOOPS:
         OmegaConf.update(config, agent_key, AGENT_LOOP_NAME, force_add=True)
         changed.append(f"{agent_key}={AGENT_LOOP_NAME}")
     sampler_key = "trainer.v1.sampler.custom_sampler"
