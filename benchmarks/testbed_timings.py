@@ -1,5 +1,6 @@
-"""``python -m benchmarks.testbed_timings LOG [LOG...] [--json OUT]``: a trainer run's per-step timings from its
-console log, and their summary (medians of steps 2 on, each validation, the wall time outside the steps).
+"""``python -m benchmarks.testbed_timings LOG [LOG...] [--json OUT] [--metrics OUT]``: a trainer run's per-step
+timings from its console log, and their summary (medians of steps 2 on, each validation, the wall time outside the
+steps); ``--metrics`` also keeps every other logged value, as printed, to show that two runs trained alike.
 
 The run is the testbed preset (``make demo``'s model and task) started as in BENCHMARKS.md's testbed step profile,
 its console output in LOG with the wall time appended by the shell as ``run rc 0 wall <seconds>``. The JSON keeps
@@ -15,6 +16,8 @@ import statistics
 from pathlib import Path
 
 PHASES = ("gen", "old_log_prob", "update_actor", "adv", "update_weights", "step")
+# logged keys that measure the machine (time, throughput, memory), not what the run computed
+MACHINE_KEYS = ("timing_s/", "timing_per_token_ms/", "perf/")
 
 
 def parse(log: str) -> dict:
@@ -27,6 +30,16 @@ def parse(log: str) -> dict:
     if wall is None:
         return {"steps": steps, "rc": None, "wall_s": None}
     return {"steps": steps, "rc": int(wall.group(1)), "wall_s": float(wall.group(2))}
+
+
+def logged_values(log: str) -> dict[str, dict[str, str]]:
+    """Every step's logged values but ``MACHINE_KEYS``, as printed (``step:N - key:value - ...``): two runs that
+    sampled and trained alike print the same strings."""
+    steps = {}
+    for match in re.finditer(r"step:(\d+) - (.*)", log):
+        pairs = (item.partition(":") for item in match.group(2).split(" - "))
+        steps[match.group(1)] = {k: v for k, _, v in pairs if not k.startswith(MACHINE_KEYS)}
+    return steps
 
 
 def summary(run: dict) -> dict:
@@ -43,12 +56,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+", type=Path)
     parser.add_argument("--json", type=Path, help="write {log name: parsed run} here")
+    parser.add_argument("--metrics", type=Path, help="write {'runs': {log name: {step: {key: value}}}} here")
     args = parser.parse_args()
     runs = {log.parent.name: parse(log.read_text(errors="replace")) for log in args.logs}
     for name, run in runs.items():
         print(name, json.dumps(summary(run)))
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1, sort_keys=True))
+    if args.metrics:
+        logged = {log.parent.name: logged_values(log.read_text(errors="replace")) for log in args.logs}
+        source = "the runs' console lines `step:N - key:value ...`, every key but " + ", ".join(MACHINE_KEYS)
+        args.metrics.write_text(json.dumps({"runs": logged, "source": source}, indent=1, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import importlib
 import json
 from pathlib import Path
 
+from stapo.data.rows import write_atomically
+
 TASKS = {
     # task name: (module with write_parquet(out_dir, train, val, seed), its file names)
     "synthetic": ("stapo.data.synthetic", ("train.parquet", "val.parquet")),
@@ -32,4 +34,4 @@ def ensure_task_data(data_dir: str | Path, train_rows: int, val_rows: int, seed:
     if present and marker.exists() and json.loads(marker.read_text()) == wanted:
         return
     importlib.import_module(module).write_parquet(folder, wanted["train_rows"], wanted["val_rows"], wanted["seed"])
-    marker.write_text(json.dumps(wanted))
+    write_atomically(marker, lambda tmp: tmp.write_text(json.dumps(wanted)))

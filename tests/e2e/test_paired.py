@@ -52,7 +52,11 @@ def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
     The STAPO run also validates after step 1, at verl's val_kwargs and at the paper's second decoding
     (``stapo.val_decodings=[T0.7]``), which the GRPO run does not: the validation passes change no training
     number and no rollout of step 2, and the second pass samples other texts from the same problems (its own
-    dump folder), logged under its own names."""
+    dump folder), logged under its own names.
+
+    And the STAPO run builds its agent loops as verl does, once a request (verl's own agent-loop manager), where
+    the GRPO run builds each once a worker (the recipe's stapo/verl_plugin/shared_agent_loops.py): the same
+    rollouts, bit for bit."""
     assert grpo_run.overrides[:3] == ["algo=grpo", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
     grpo = grpo_run.run
     silent = [
@@ -67,6 +71,7 @@ def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
         "trainer.test_freq=1",
         "stapo.val_decodings=[T0.7]",
         f"trainer.validation_data_dir={tmp_path / 'val'}",
+        "actor_rollout_ref.rollout.agent.agent_loop_manager_class=null",
     ]
     stapo_run = launch(tmp_path / "stapo", silent, rollouts=True)
     stapo = stapo_run.run

@@ -1,0 +1,83 @@
+"""verl's TransferQueue agent-loop worker, with one agent-loop object per agent name instead of one per request.
+
+verl's ``AgentLoopWorker._run_agent_loop`` builds the agent loop anew for every request through
+``hydra.utils.instantiate``, which merges the worker's tokenizer, server client and configs into a config
+and builds a Continuous Token builder each time: 22 % of the agent-loop worker's busy time on the tailbed
+(BENCHMARKS.md, "the update's log-probs in batched calls"), paid 64 times a step and 512 times a validation.
+Every argument of that call comes from the worker, not from the request, so a loop that keeps no
+per-request state on itself can serve all of a worker's requests: the loops in ``SHAREABLE_LOOPS`` are
+verl's single-turn loop and the seeded one built on it, whose ``run`` works on locals only (the builder
+holds constants). Any other loop (a multi-turn or tool loop may keep a conversation on itself) is built
+per request, as verl does.
+
+Chosen by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` (conf/stapo_trainer.yaml), which
+verl's v1 task runner reads; the requests, their order and what they sample are unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hydra
+import ray
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
+from verl.utils.rollout_trace import rollout_trace_attr
+
+from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+
+# agent loops whose instance holds nothing of a request: one instance serves a worker's requests
+SHAREABLE_LOOPS = frozenset({AGENT_LOOP_NAME, "single_turn_agent"})
+MANAGER_PATH = "stapo.verl_plugin.shared_agent_loops.SharedLoopManager"
+
+
+class SharedLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
+    """verl's ``AgentLoopWorkerTQ`` whose shareable agent loops are built once, on their first request."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shared_loops: dict[str, Any] = {}
+
+    def shared_loop(self, agent_name: str):
+        """The one instance of ``agent_name``, built with the arguments verl's worker passes every time."""
+        if agent_name not in self.shared_loops:
+            self.shared_loops[agent_name] = hydra.utils.instantiate(
+                config=_agent_loop_registry[agent_name],
+                trainer_config=DictConfigWrap(config=self.config),
+                server_manager=self.llm_client,
+                tokenizer=self.tokenizer,
+                processor=self.processor,
+                hf_model_type=self.hf_model_type,
+                dataset_cls=self.dataset_cls,
+                data_config=DictConfigWrap(self.config.data),
+                tools=ToolListWrap(self.tools),
+            )
+            print(f"[stapo] agent loop {agent_name}: one instance serves this worker's requests", flush=True)
+        return self.shared_loops[agent_name]
+
+    async def _run_agent_loop(
+        self, sampling_params: dict[str, Any], trajectory: dict[str, Any], *, agent_name: str, trace: bool = True,
+        **kwargs,
+    ):
+        if agent_name not in SHAREABLE_LOOPS or agent_name not in _agent_loop_registry:
+            return await super()._run_agent_loop(
+                sampling_params, trajectory, agent_name=agent_name, trace=trace, **kwargs
+            )
+        with rollout_trace_attr(
+            step=trajectory["step"],
+            sample_index=trajectory["sample_index"],
+            rollout_n=trajectory["rollout_n"],
+            validate=trajectory["validate"],
+            name="agent_loop",
+            trace=trace,
+        ):
+            output = await self.shared_loop(agent_name).run(sampling_params, **kwargs)
+            return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+
+
+class SharedLoopManager(AgentLoopManagerTQ):
+    """verl's ``AgentLoopManagerTQ`` with ``SharedLoopWorker`` actors."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.agent_loop_workers_class = ray.remote(SharedLoopWorker)
