@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from functools import cache
+from math import comb
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,99 @@ TD_QUOTES = [
     (M, "(0.975 held-out at step 0) and STAPO ends {} below JustRL", paired(TD, "algo=stapo", "final_acc@T0.7",
                                                                             sign=False).lstrip("-")),
     (R, "STAPO ends 0.004 ± 0.002 below JustRL\n(lower in {} seeds", lower_in(TD, "algo=stapo", "final_acc@T0.7")),
+]
+TL = "tailbed-lr5e-5"
+# results/README.md's table of TL: (row title, quantity, digits); JustRL, STAPO, then the paired difference
+TL_ROWS = [
+    ("held-out acc, step 60", "final_acc", 3),
+    ("train reward, last 10 steps", "late_reward", 3),
+    ("mean entropy, step 60", "entropy_last", 4),
+    ("largest mean entropy of a step", "entropy_peak", 4),
+    ("largest position entropy of a step", "entropy_max_peak", 3),
+    ("filler mass a position, mean over steps", "tail_mass", 6),
+    ("filler mass, largest position of a step", "tail_mass_peak", 4),
+    ("S2T tokens' share of the exact grad norm", "norm_share", 4),
+]
+
+
+def entropy_events(folder: str, name: str) -> dict[int, dict[str, list[int]]]:
+    """Per seed, the steps of each entropy event by the rule in results/tailbed-lr5e-5/COMMAND: from step 2, mean
+    entropy above 2x the run's step-1 value (explosion) or below half of it (collapse); an explosion is tail-driven
+    when the filler mass a position is above 10x its step-1 value at that step."""
+    found = {}
+    for run in group(folder, name)["runs"]:
+        entropy = {int(k): v for k, v in run["series"]["entropy"].items()}
+        tail = {int(k): v for k, v in run["series"]["tail_mass"].items()}
+        later = sorted(step for step in entropy if step >= 2)
+        up = [step for step in later if entropy[step] > 2 * entropy[1]]
+        found[run["seed"]] = {
+            "explosion": up, "collapse": [step for step in later if entropy[step] < entropy[1] / 2],
+            "tail": [step for step in up if tail[step] > 10 * tail[1]]}
+    return found
+
+
+def runs_with(folder: str, name: str, event: str) -> str:
+    events = entropy_events(folder, name)
+    return f"{sum(bool(e[event]) for e in events.values())} of {len(events)}"
+
+
+def fisher_one_sided(hit_a: int, n_a: int, hit_b: int, n_b: int) -> float:
+    """P(group a holds >= hit_a of the hit_a + hit_b runs with an event, by chance), hypergeometric."""
+    hits, total = hit_a + hit_b, n_a + n_b
+    return sum(comb(n_a, k) * comb(n_b, hits - k) for k in range(hit_a, min(hits, n_a) + 1)) / comb(total, hits)
+
+
+def tail_ratio(folder: str, name: str, seed: int) -> float:
+    """A run's largest filler mass a position over its step-1 value."""
+    tail = next(run for run in group(folder, name)["runs"] if run["seed"] == seed)["series"]["tail_mass"]
+    return max(tail.values()) / tail["1"]
+
+
+def _tl_events() -> list[tuple]:
+    justrl, stapo = entropy_events(TL, "algo=justrl"), entropy_events(TL, "algo=stapo")
+    exploded = [seed for seed, e in justrl.items() if e["explosion"]]
+    tail_driven = [seed for seed, e in justrl.items() if e["tail"]]
+    others = sorted(tail_ratio(TL, "algo=justrl", seed) for seed in exploded if seed not in tail_driven)
+    assert justrl[3]["explosion"] == list(range(19, 61)) and tail_driven == [2, 3]
+
+    def p_value(kind: str, digits: int) -> str:
+        hits = [sum(bool(e[kind]) for e in events.values()) for events in (justrl, stapo)]
+        return f"{fisher_one_sided(hits[0], len(justrl), hits[1], len(stapo)):.{digits}f}"
+
+    def peak(seed: int) -> str:
+        return num(max(next(r for r in group(TL, "algo=justrl")["runs"] if r["seed"] == seed)["series"]["tail_mass"]
+                       .values()), 5)
+
+    rows = (("an entropy explosion", "explosion"), ("a tail-driven explosion", "tail"),
+            ("an entropy collapse", "collapse"))
+    return [
+        *[(R, f"| {row} | {{}} | {{}} |", runs_with(TL, "algo=justrl", kind), runs_with(TL, "algo=stapo", kind))
+          for row, kind in rows],
+        (R, "explosion: p = {}). JustRL's seeds {}, {}, {}, {} and {} explode; seed 3 from step 19 to the end ({} at "
+            "step 60, against {} at step 1)", p_value("explosion", 3), *exploded,
+         series(TL, "algo=justrl", 3, "entropy", 60, 4), series(TL, "algo=justrl", 3, "entropy", 1, 4)),
+        (R, "(seeds 2 and 3: the filler mass a position reaches {} and {}, {}x and {}x step 1), too few alone to tell "
+            "the algorithms apart (p = {})", peak(2), peak(3),
+         *[num(tail_ratio(TL, "algo=justrl", s), 1) for s in (2, 3)], p_value("tail", 2)),
+        (R, "the filler mass peaked at {}-{}x step 1", num(others[0], 1), num(others[-1], 1)),
+        (R, "STAPO's filler mass never passed {}x its step-1 value",
+         num(max(tail_ratio(TL, "algo=stapo", s) for s in stapo), 1)),
+        (M, "JustRL's entropy more than doubles in {} runs and STAPO's in none (one-sided Fisher p = {};",
+         runs_with(TL, "algo=justrl", "explosion"), p_value("explosion", 3)),
+        (M, "accuracy is not told apart ({})", paired(TL, "algo=stapo", "final_acc")),
+    ]
+
+
+TL_QUOTES = [
+    (R, "| held-out acc, step 0 | {} | {} | |", stat(TL, "algo=justrl", "initial_acc"),
+     stat(TL, "algo=stapo", "initial_acc")),
+    *[(R, f"| {title} | {{}} | {{}} | {{}} |", stat(TL, "algo=justrl", quantity, digits),
+       stat(TL, "algo=stapo", quantity, digits), paired(TL, "algo=stapo", quantity, digits))
+      for title, quantity, digits in TL_ROWS],
+    (R, "(from {} at step 0 to {} and {} at step 60, where\nJustRL at the preset's lr gains to {} by step 100",
+     mean(TL, "algo=justrl", "initial_acc"), mean(TL, "algo=justrl", "final_acc"), mean(TL, "algo=stapo", "final_acc"),
+     mean(TB, "algo=justrl", "final_acc")),
+    *_tl_events(),
 ]
 TB_QUOTES = [
     (R, "| held-out acc, step 0 |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
@@ -360,12 +454,14 @@ QUOTES = [
                                           for f in (min, max)]),
     *TB_QUOTES,
     *TD_QUOTES,
+    *TL_QUOTES,
 ]
 # every seed's paired difference has the sign the reading says ("lower in each seed")
 LOWER_IN_EACH_SEED = [
     *[(TB, "algo=stapo", q) for q in ("tail_mass", "tail_mass_peak", "norm_share")],
     *[(TB, "algo=taco", q) for q in ("tail_mass", "tail_mass_late", "tail_mass_peak", "norm_share", "entropy_last")],
     (TB, "algo=entropy20", "late_reward"),
+    (TL, "algo=stapo", "entropy_peak"),
 ]
 
 
