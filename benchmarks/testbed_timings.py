@@ -17,7 +17,7 @@ from pathlib import Path
 
 PHASES = ("gen", "old_log_prob", "update_actor", "adv", "update_weights", "step")
 # logged keys that measure the machine (time, throughput, memory), not what the run computed
-MACHINE_KEYS = ("timing_s/", "timing_per_token_ms/", "perf/")
+MACHINE_KEYS = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
 
 
 def parse(log: str) -> dict:

@@ -497,3 +497,14 @@ def test_the_clip_never_acted_in_the_tailbed_cell():
     from weights the first one moved."""
     runs = [run for g in load(TB)["groups"] if g["group"] != "algo=lopti" for run in g["runs"]]
     assert all(value == 0 for run in runs for value in run["series"]["pg_clipfrac"].values() if value is not None)
+
+
+@pytest.mark.parametrize("hit_a, n_a, hit_b, n_b", [(5, 8, 0, 8), (2, 8, 0, 8), (3, 5, 1, 6), (0, 4, 0, 4)])
+def test_the_fisher_p_value_is_the_share_of_relabellings_as_extreme(hit_a, n_a, hit_b, n_b):
+    """The quoted p-values' function against brute force: every way to place the runs with an event among all runs."""
+    from itertools import combinations
+
+    hits, total = hit_a + hit_b, n_a + n_b
+    placements = list(combinations(range(total), hits))
+    extreme = sum(sum(index < n_a for index in placed) >= hit_a for placed in placements)
+    assert fisher_one_sided(hit_a, n_a, hit_b, n_b) == pytest.approx(extreme / len(placements), rel=1e-12)

@@ -126,3 +126,57 @@ def test_the_batched_log_prob_runs_logged_the_same_numbers():
     assert sorted(before, key=int) == [str(step) for step in range(1, 21)] and before == after
     assert f"({count:,} logged values other than timings" in " ".join((REPO / "BENCHMARKS.md").read_text().split())
     assert before["20"]["val-core/stapo/addition/acc/mean@8"].startswith("0.3457")
+
+
+
+SHARED_ORDER = ("per-request-first", "shared-second", "shared-first", "per-request-second")
+
+
+def test_the_shared_loop_timings_are_what_benchmarks_md_quotes():
+    """BENCHMARKS.md's table of the agent loops built once per worker (two pairs of runs in opposite orders), and the
+    ratios under it, recomputed from the four runs' logs and the model work after each pair."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    runs = json.loads((folder / "2026-11-27-shared-loops.json").read_text())
+    work = json.loads((folder / "2026-11-27-shared-loops-model-work.json").read_text())["after-second-pair"]
+    found = {name: summary(runs[name]) for name in SHARED_ORDER}
+    table = [found[name] for name in SHARED_ORDER]
+    text = (REPO / "BENCHMARKS.md").read_text()
+    for phase in ("gen", "old_log_prob", "update_actor", "step"):
+        cells = " | ".join(f"{run['median_s'][phase]:.2f}" for run in table)
+        assert f"| trainer: `{phase}`, median of steps 2-20 | {cells} |" in text, phase
+    cells = " | ".join(", ".join(f"{v:.1f}" for v in run["testing_s"].values()) for run in table)
+    assert f"| trainer: `testing` at steps 10, 20 | {cells} |" in text
+    assert "| trainer: 20 steps, command to exit | " + " | ".join(f"{r['wall_s']:.0f}" for r in table) + " |" in text
+    assert "| trainer: of it outside the steps and validations | " + " | ".join(
+        f"{r['outside_steps_s']:.0f}" for r in table) + " |" in text
+    flat = " ".join(text.split())
+    assert (f"decoded as one batch {work['decode_step_s']:.2f} s, forward + backward + GainAdamW "
+            f"{work['update_s']:.2f} s, so {work['step_model_work_s']:.2f} s a step; the validation's 64 x 8 decoded "
+            f"{work['decode_validation_s']:.2f} s") in flat
+
+    def testing(prefix: str) -> list[float]:
+        return sorted(v for name in SHARED_ORDER if name.startswith(prefix) for v in found[name]["testing_s"].values())
+
+    shared, per_request = testing("shared"), testing("per-request")
+    assert f"{shared[0]:.1f}-{shared[-1]:.1f} s against {per_request[0]:.1f}-{per_request[-1]:.1f} s" in flat
+    later = {name: found[name]["testing_s"].values() for name in ("shared-first", "per-request-second")}
+    ratio = {name: sorted(v / work["decode_validation_s"] for v in values) for name, values in later.items()}
+    assert (f"{ratio['shared-first'][0]:.1f}-{ratio['shared-first'][-1]:.1f}x its decode on the shared loops "
+            f"({ratio['per-request-second'][0]:.1f}-{ratio['per-request-second'][-1]:.1f}x on verl's manager)") in flat
+    step = {name: found[name]["median_s"] for name in SHARED_ORDER}
+    first_gap = step["per-request-first"]["step"] - step["shared-second"]["step"]
+    second_gap = step["per-request-second"]["gen"] - step["shared-first"]["gen"]
+    assert f"the first pair's {first_gap:.2f} s is the order" in flat
+    assert f"the shared loops' `gen` is {second_gap:.2f} s shorter" in flat
+    ratios = {f"{step[n]['step'] / work['step_model_work_s']:.1f}" for n in ("shared-first", "per-request-second")}
+    assert ratios == {"2.3"} and "the step 2.3x its model work either way" in flat
+
+
+def test_the_shared_loop_runs_logged_the_same_numbers():
+    """BENCHMARKS.md says every value the four runs logged, timings, throughput and memory aside, is the same at all
+    20 steps."""
+    runs = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-27-shared-loops-metrics.json").read_text())
+    first, *others = (runs["runs"][name] for name in SHARED_ORDER)
+    count = sum(len(metrics) for metrics in first.values())
+    assert sorted(first, key=int) == [str(step) for step in range(1, 21)] and all(run == first for run in others)
+    assert f"({count:,} logged values other than timings" in " ".join((REPO / "BENCHMARKS.md").read_text().split())
