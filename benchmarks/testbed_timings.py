@@ -18,11 +18,12 @@ from pathlib import Path
 PHASES = ("gen", "old_log_prob", "update_actor", "adv", "update_weights", "step")
 # logged keys that measure the machine (time, throughput, memory), not what the run computed
 MACHINE_KEYS = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
+STEP_LINE = re.compile(r"step:(\d+) - (.*)")  # verl's console logger: one line a step, ``key:value`` pairs
 
 
 def parse(log: str) -> dict:
     steps = {}
-    for match in re.finditer(r"step:(\d+) - (.*)", log):
+    for match in STEP_LINE.finditer(log):
         timings = {k: float(v) for k, v in re.findall(r"timing_s/([a-z_]+):([0-9.]+)", match.group(2))}
         acc = re.search(r"val-core/[^ ]*/acc/mean@\d+:(?:np\.float64\()?([0-9.]+)", match.group(2))
         steps[int(match.group(1))] = {"timing_s": timings, "held_out_acc": float(acc.group(1)) if acc else None}
@@ -36,7 +37,7 @@ def logged_values(log: str) -> dict[str, dict[str, str]]:
     """Every step's logged values but ``MACHINE_KEYS``, as printed (``step:N - key:value - ...``): two runs that
     sampled and trained alike print the same strings."""
     steps = {}
-    for match in re.finditer(r"step:(\d+) - (.*)", log):
+    for match in STEP_LINE.finditer(log):
         pairs = (item.partition(":") for item in match.group(2).split(" - "))
         steps[match.group(1)] = {k: v for k, _, v in pairs if not k.startswith(MACHINE_KEYS)}
     return steps
@@ -58,13 +59,14 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write {log name: parsed run} here")
     parser.add_argument("--metrics", type=Path, help="write {'runs': {log name: {step: {key: value}}}} here")
     args = parser.parse_args()
-    runs = {log.parent.name: parse(log.read_text(errors="replace")) for log in args.logs}
+    texts = {log.parent.name: log.read_text(errors="replace") for log in args.logs}
+    runs = {name: parse(text) for name, text in texts.items()}
     for name, run in runs.items():
         print(name, json.dumps(summary(run)))
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1, sort_keys=True))
     if args.metrics:
-        logged = {log.parent.name: logged_values(log.read_text(errors="replace")) for log in args.logs}
+        logged = {name: logged_values(text) for name, text in texts.items()}
         source = "the runs' console lines `step:N - key:value ...`, every key but " + ", ".join(MACHINE_KEYS)
         args.metrics.write_text(json.dumps({"runs": logged, "source": source}, indent=1, sort_keys=True))
 

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from stapo.files import write_text_atomically
+
 METRICS_NAME = "metrics.jsonl"
 TENSORBOARD_NAME = "tensorboard"
 WANDB_NAME = "wandb"  # wandb makes this folder itself under the directory it is given
@@ -105,8 +107,4 @@ def parse_metric_lines(text: str, unreadable: list[int] | None = None) -> list[t
 
 def write_config(config: DictConfig, run_dir: Path) -> Path:
     """The resolved config, as the trainer will see it."""
-    path = run_dir / "config.yaml"
-    tmp = path.with_suffix(".yaml.tmp")
-    tmp.write_text(OmegaConf.to_yaml(config, resolve=True), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_text_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(config, resolve=True))

@@ -6,10 +6,10 @@ messages), ``ability``, ``reward_model.ground_truth`` and ``extra_info``.
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from stapo.files import write_atomically
 
 
 def rl_row(data_source: str, prompt: str, ground_truth: str, extra_info: dict[str, Any]) -> dict[str, Any]:
@@ -23,26 +23,9 @@ def rl_row(data_source: str, prompt: str, ground_truth: str, extra_info: dict[st
     }
 
 
-def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
-    """``write(tmp)`` beside ``path``, then rename ``tmp`` over it: readers never see half a file.
-
-    The temporary name is the writer's own (process id and a random part): the runs of a sweep start side by
-    side and each prepares the same shared data folder; with one shared temporary name the second rename found
-    the file already moved (a sweep's first run failed so on a fresh machine). Each writer renames a whole file
-    of the same content over the name; the last one wins."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write(tmp)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def write_rows(path: Path, rows: list[dict]) -> Path:
-    """One parquet file of verl's rows, written atomically (``write_atomically``)."""
+    """One parquet file of verl's rows, written whole (``stapo.files.write_atomically``: readers never see half a
+    file, and writers side by side do not collide)."""
     import pandas as pd
 
     return write_atomically(path, pd.DataFrame(rows).to_parquet)

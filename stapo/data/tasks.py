@@ -11,7 +11,7 @@ import importlib
 import json
 from pathlib import Path
 
-from stapo.data.rows import write_atomically
+from stapo.files import write_text_atomically
 
 TASKS = {
     # task name: (module with write_parquet(out_dir, train, val, seed), its file names)
@@ -34,4 +34,4 @@ def ensure_task_data(data_dir: str | Path, train_rows: int, val_rows: int, seed:
     if present and marker.exists() and json.loads(marker.read_text()) == wanted:
         return
     importlib.import_module(module).write_parquet(folder, wanted["train_rows"], wanted["val_rows"], wanted["seed"])
-    write_atomically(marker, lambda tmp: tmp.write_text(json.dumps(wanted)))
+    write_text_atomically(marker, json.dumps(wanted))

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stapo.files import write_text_atomically
 from stapo.rundir import metric_segments, read_metrics
 from stapo.wandb_offline import read_history, wandb_files
 
@@ -57,9 +58,7 @@ def write_record(run, **fields) -> None:
     """``sweep_run.json`` of a planned run (``stapo.sweep.grid.PlannedRun``): its cell, seed and how it ran."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     record = {"cell": run.cell, "seed": run.seed, "cell_overrides": list(run.cell_overrides), **fields}
-    tmp = run.run_dir / (SWEEP_RECORD + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(run.run_dir / SWEEP_RECORD)
+    write_text_atomically(run.run_dir / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
 
 
 def earlier_segments(run_dir: Path) -> list[float]:

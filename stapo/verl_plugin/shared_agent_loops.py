@@ -2,8 +2,9 @@
 
 verl's ``AgentLoopWorker._run_agent_loop`` builds the agent loop anew for every request through
 ``hydra.utils.instantiate``, which merges the worker's tokenizer, server client and configs into a config
-and builds a Continuous Token builder each time: 22 % of the agent-loop worker's busy time on the tailbed
-(BENCHMARKS.md, "the update's log-probs in batched calls"), paid 64 times a step and 512 times a validation.
+and builds a Continuous Token builder each time (about 10 ms a request), 64 times a step and 512 times a
+validation; built once, a testbed validation took 5-12 s less and a step was not told apart (BENCHMARKS.md,
+"agent loops built once per worker").
 Every argument of that call comes from the worker, not from the request, so a loop that keeps no
 per-request state on itself can serve all of a worker's requests: the loops in ``SHAREABLE_LOOPS`` are
 verl's single-turn loop and the seeded one built on it, whose ``run`` works on locals only (the builder

@@ -86,13 +86,16 @@ def entropy_at(folder: str, name: str, step: int, digits: int = 3) -> str:
     return num(trajectory["mean"][trajectory["step"].index(step)], digits)
 
 
+def run_of(folder: str, name: str, seed: int) -> dict:
+    return next(run for run in group(folder, name)["runs"] if run["seed"] == seed)
+
+
 def series(folder: str, name: str, seed: int, key: str, step: int, digits: int = 3) -> str:
-    run = next(run for run in group(folder, name)["runs"] if run["seed"] == seed)
-    return num(run["series"][key][str(step)], digits)
+    return num(run_of(folder, name, seed)["series"][key][str(step)], digits)
 
 
 def run_value(folder: str, name: str, seed: int, quantity: str, digits: int = 3) -> str:
-    return num(next(run for run in group(folder, name)["runs"] if run["seed"] == seed)[quantity], digits)
+    return num(run_of(folder, name, seed)[quantity], digits)
 
 
 def lower_in(folder: str, name: str, quantity: str) -> str:
@@ -184,9 +187,9 @@ def entropy_events(folder: str, name: str) -> dict[int, dict[str, list[int]]]:
     return found
 
 
-def runs_with(folder: str, name: str, event: str) -> str:
-    events = entropy_events(folder, name)
-    return f"{sum(bool(e[event]) for e in events.values())} of {len(events)}"
+def runs_with(events: dict[int, dict[str, list[int]]], kind: str) -> int:
+    """How many runs of ``entropy_events``' answer had at least one event of ``kind``."""
+    return sum(bool(e[kind]) for e in events.values())
 
 
 def fisher_one_sided(hit_a: int, n_a: int, hit_b: int, n_b: int) -> float:
@@ -197,7 +200,7 @@ def fisher_one_sided(hit_a: int, n_a: int, hit_b: int, n_b: int) -> float:
 
 def tail_ratio(folder: str, name: str, seed: int) -> float:
     """A run's largest filler mass a position over its step-1 value."""
-    tail = next(run for run in group(folder, name)["runs"] if run["seed"] == seed)["series"]["tail_mass"]
+    tail = run_of(folder, name, seed)["series"]["tail_mass"]
     return max(tail.values()) / tail["1"]
 
 
@@ -209,18 +212,19 @@ def _tl_events() -> list[tuple]:
     assert justrl[3]["explosion"] == list(range(19, 61)) and tail_driven == [2, 3]
 
     def p_value(kind: str, digits: int) -> str:
-        hits = [sum(bool(e[kind]) for e in events.values()) for events in (justrl, stapo)]
-        return f"{fisher_one_sided(hits[0], len(justrl), hits[1], len(stapo)):.{digits}f}"
+        p = fisher_one_sided(runs_with(justrl, kind), len(justrl), runs_with(stapo, kind), len(stapo))
+        return f"{p:.{digits}f}"
+
+    def counted(events: dict, kind: str) -> str:
+        return f"{runs_with(events, kind)} of {len(events)}"
 
     def peak(seed: int) -> str:
-        return num(max(next(r for r in group(TL, "algo=justrl")["runs"] if r["seed"] == seed)["series"]["tail_mass"]
-                       .values()), 5)
+        return num(max(run_of(TL, "algo=justrl", seed)["series"]["tail_mass"].values()), 5)
 
     rows = (("an entropy explosion", "explosion"), ("a tail-driven explosion", "tail"),
             ("an entropy collapse", "collapse"))
     return [
-        *[(R, f"| {row} | {{}} | {{}} |", runs_with(TL, "algo=justrl", kind), runs_with(TL, "algo=stapo", kind))
-          for row, kind in rows],
+        *[(R, f"| {row} | {{}} | {{}} |", counted(justrl, kind), counted(stapo, kind)) for row, kind in rows],
         (R, "explosion: p = {}). JustRL's seeds {}, {}, {}, {} and {} explode; seed 3 from step 19 to the end ({} at "
             "step 60, against {} at step 1)", p_value("explosion", 3), *exploded,
          series(TL, "algo=justrl", 3, "entropy", 60, 4), series(TL, "algo=justrl", 3, "entropy", 1, 4)),
@@ -231,7 +235,7 @@ def _tl_events() -> list[tuple]:
         (R, "STAPO's filler mass never passed {}x its step-1 value",
          num(max(tail_ratio(TL, "algo=stapo", s) for s in stapo), 1)),
         (M, "JustRL's entropy more than doubles in {} runs and STAPO's in none (one-sided Fisher p = {};",
-         runs_with(TL, "algo=justrl", "explosion"), p_value("explosion", 3)),
+         counted(justrl, "explosion"), p_value("explosion", 3)),
         (M, "accuracy is not told apart ({})", paired(TL, "algo=stapo", "final_acc")),
     ]
 

@@ -38,7 +38,6 @@ def test_unknown_task_and_model_name_the_setting_and_the_choices(tmp_path):
     assert resolve_model_path("Qwen/Qwen3-8B-Base") == "Qwen/Qwen3-8B-Base"  # verl's business
 
 
-
 def _write_many(path, barrier, rounds: int) -> None:
     from stapo.data.rows import write_rows
 
