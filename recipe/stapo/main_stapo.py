@@ -67,7 +67,15 @@ def prepare(config: DictConfig) -> DictConfig:
     return config
 
 
+# a run on the project's HF server never calls vLLM: the driver imports it as if absent, before its first
+# verl import, as its workers do (stapo/verl_plugin/cpu: hide_unused_vllm, where the two names are defined;
+# tests/unit/test_cpu_activation.py checks that they agree)
+HF_ROLLOUT, HIDE_VLLM_FLAG = "stapo_hf", "STAPO_HIDE_VLLM"
+
+
 def run(config: DictConfig) -> None:
+    if config.actor_rollout_ref.rollout.get("name") == HF_ROLLOUT:
+        os.environ.setdefault(HIDE_VLLM_FLAG, "1")
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config

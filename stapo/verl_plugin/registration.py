@@ -10,8 +10,9 @@ def register_all() -> None:
     (it decides the platform before verl modules pick a device, and registers the HF rollout), then the
     policy losses, the trainer and the seeded agent loop (which GPU runs use too). Idempotent:
     importing a module twice registers nothing twice."""
-    from stapo.verl_plugin.cpu import activate_if_requested
+    from stapo.verl_plugin.cpu import activate_if_requested, hide_unused_vllm
 
+    hide_unused_vllm()  # first: the imports below load verl's checkpoint engines
     activate_if_requested()
     import stapo.verl_plugin.losses  # noqa: F401  (registers "masked_clip", "gmpo")
     import stapo.verl_plugin.seeded_agent_loop  # noqa: F401  (registers agent loop "stapo_seeded")

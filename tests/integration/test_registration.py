@@ -35,6 +35,32 @@ def test_registered_after_plain_import_verl_in_a_fresh_process():
 
 
 @pytest.mark.slow  # starts processes: out of make test-fast
+@pytest.mark.parametrize("hide", ["1", None])
+def test_a_worker_of_a_run_on_the_hf_server_registers_without_importing_vllm(hide):
+    """STAPO_HIDE_VLLM=1 (the driver's flag for a CPU run on the HF server): the plugin, the trainer and
+    verl's checkpoint engines load, vLLM does not; without the flag vLLM loads as before where installed."""
+    import importlib.util
+    import os
+
+    from stapo.verl_plugin.cpu import HIDE_VLLM_FLAG
+
+    installed = importlib.util.find_spec("vllm") is not None
+    code = CHECK + (
+        "import sys, verl.checkpoint_engine\n"
+        "print('VLLM', 'absent' if sys.modules.get('vllm', 'absent') in (None, 'absent') else 'imported')\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != HIDE_VLLM_FLAG}
+    if hide:
+        env[HIDE_VLLM_FLAG] = hide
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/", env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REGISTERED STAPOTrainer" in out.stdout
+    assert ("VLLM imported" in out.stdout) is (installed and not hide), out.stdout
+
+
+@pytest.mark.slow  # starts processes: out of make test-fast
 @pytest.mark.parametrize("first", ["driver_diagnostics", "losses", "shard_mask", "actor_worker"])
 def test_registered_whichever_glue_module_is_imported_first(first):
     """A glue module imported before verl used to trigger the entry point while half-imported itself:

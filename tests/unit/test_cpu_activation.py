@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 import stapo.verl_plugin.cpu as cpu
 from stapo.validation import STAPOConfigError
@@ -56,3 +56,33 @@ def test_flag_with_a_cuda_device_setting_is_refused(activations, monkeypatch):
     monkeypatch.setenv(cpu.ENV_FLAG, "1")
     with pytest.raises(STAPOConfigError, match="needs trainer.device=cpu"):
         cpu.enable_for_run(_config("cuda"))
+
+
+@pytest.mark.parametrize("rollout, hidden", [("stapo_hf", True), ("vllm", False)])
+def test_a_run_on_the_hf_server_hides_vllm_from_its_workers(activations, monkeypatch, rollout, hidden):
+    """Only a run whose rollout is the HF server asks its workers to import vLLM as if absent."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = _config("cpu")
+    with open_dict(config):
+        config.actor_rollout_ref = {"rollout": {"name": rollout}}
+    assert cpu.enable_for_run(config) is True
+    env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
+    assert (env_vars.get(cpu.HIDE_VLLM_FLAG) == "1") is hidden, env_vars
+    assert env_vars[cpu.ENV_FLAG] == "1"
+
+
+def test_a_gpu_run_on_vllm_never_hides_it(activations, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = _config("cuda")
+    with open_dict(config):
+        config.actor_rollout_ref = {"rollout": {"name": "stapo_hf"}}
+    assert cpu.enable_for_run(config) is False
+    assert "runtime_env" not in config.ray_kwargs.ray_init
+
+
+def test_the_driver_hides_vllm_under_the_same_names_as_its_workers():
+    """main_stapo sets the flag for itself before its first verl import, without importing this package."""
+    from recipe.stapo import main_stapo
+    from stapo.verl_plugin.cpu.rollout import ROLLOUT_NAME
+
+    assert (main_stapo.HF_ROLLOUT, main_stapo.HIDE_VLLM_FLAG) == (ROLLOUT_NAME, cpu.HIDE_VLLM_FLAG)

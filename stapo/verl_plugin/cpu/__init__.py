@@ -11,8 +11,11 @@ never runs on it by accident. The HF rollout is registered in every case
 from __future__ import annotations
 
 import os
+import sys
 
 ENV_FLAG = "STAPO_CPU_BACKEND"
+# set by the driver, in Ray's runtime env, for a CPU run on the HF server (see hide_unused_vllm)
+HIDE_VLLM_FLAG = "STAPO_HIDE_VLLM"
 
 
 def requested() -> bool:
@@ -67,6 +70,10 @@ def enable_for_run(config) -> bool:
         raise STAPOConfigError(f"{ENV_FLAG}=1 runs verl on the CPU: it needs trainer.device=cpu (got {device!r})")
     os.environ[ENV_FLAG] = "1"
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}", "1", force_add=True)
+    from stapo.verl_plugin.cpu.rollout import ROLLOUT_NAME
+
+    if config.get("actor_rollout_ref", {}).get("rollout", {}).get("name") == ROLLOUT_NAME:
+        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{HIDE_VLLM_FLAG}", "1", force_add=True)
     activate_if_requested()
     from stapo.verl_plugin.seeding import pin_reproducibility
 
@@ -74,6 +81,20 @@ def enable_for_run(config) -> bool:
     for setting in pin_reproducibility(config):
         print(f"[stapo] CPU back-end, reproducible rollouts: {setting}", flush=True)
     return True
+
+
+def hide_unused_vllm() -> None:
+    """In a worker of a CPU run on the HF server (``STAPO_HIDE_VLLM=1``), import vLLM as if it were not installed.
+
+    verl imports vLLM in every process that loads its checkpoint engines (the optional Ascend engine
+    imports ``vllm.distributed`` whenever vLLM is installed, as it is in the CPU set-up for the vLLM
+    runs), and vLLM's import loads torch's inductor: about 2.5 s of CPU a process, in six of a run's
+    processes, for a rollout that never calls it (BENCHMARKS.md, 2026-11-27). ``None`` in
+    ``sys.modules`` is Python's own way to make ``import vllm`` fail at once: verl records that optional
+    engine as unavailable, exactly as on an install without vLLM. A run on vLLM never sets the flag, and a
+    process that already imported vLLM keeps it."""
+    if os.environ.get(HIDE_VLLM_FLAG) == "1":
+        sys.modules.setdefault("vllm", None)
 
 
 def activate_if_requested() -> None:
