@@ -63,7 +63,7 @@ def test_the_recorded_timings_are_what_benchmarks_md_quotes():
 
 
 def test_the_other_scripts_command_lines():
-    for module in ("benchmarks.testbed_model_work", "benchmarks.profile_mask"):
+    for module in ("benchmarks.testbed_model_work", "benchmarks.profile_mask", "benchmarks.startup"):
         done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0 and "usage:" in done.stdout, (module, done.stderr[-500:])
@@ -180,3 +180,24 @@ def test_the_shared_loop_runs_logged_the_same_numbers():
     count = sum(len(metrics) for metrics in first.values())
     assert sorted(first, key=int) == [str(step) for step in range(1, 21)] and all(run == first for run in others)
     assert f"({count:,} logged values other than timings" in " ".join((REPO / "BENCHMARKS.md").read_text().split())
+
+
+def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
+    """BENCHMARKS.md's start-up table (vLLM kept against hidden) and the suite before and after, recomputed from
+    the recorded files; the two runs logged the same values."""
+    from benchmarks.startup import summary as startup_summary
+
+    recorded = json.loads((REPO / "benchmarks" / "startup_runs" / "2026-11-27-hide-vllm.json").read_text())
+    found = startup_summary(recorded["runs"])
+    assert found == recorded["summary"] and found["identical_logged_values"]
+    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    kept, hidden = found["kept"], found["hidden"]
+    assert (f"| command to verl's first step line, s | {kept['first_step_s'][0]} | {hidden['first_step_s'][0]} |"
+            in flat)
+    assert f"| command to exit, s | {kept['wall_s'][0]} | {hidden['wall_s'][0]} |" in flat
+    assert f"the {found['logged_values_a_run']} values each run logged" in flat
+    suite = json.loads((REPO / "benchmarks" / "suite_runs" / "2026-11-27-hide-vllm.json").read_text())
+    before, after = suite["before-867dd43"], suite["after-4b8131d"]
+    assert before["failures"] == after["failures"] == 0
+    assert (f"{before['wall_s']:,.0f} s at 867dd43 ({before['worker_s']:,.0f} s of worker time) and "
+            f"{after['wall_s']:,.0f} s at 4b8131d ({after['worker_s']:,.0f} s)") in flat

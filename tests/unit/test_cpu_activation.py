@@ -62,6 +62,7 @@ def test_flag_with_a_cuda_device_setting_is_refused(activations, monkeypatch):
 def test_a_run_on_the_hf_server_hides_vllm_from_its_workers(activations, monkeypatch, rollout, hidden):
     """Only a run whose rollout is the HF server asks its workers to import vLLM as if absent."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(cpu.HIDE_VLLM_FLAG, raising=False)
     config = _config("cpu")
     with open_dict(config):
         config.actor_rollout_ref = {"rollout": {"name": rollout}}
@@ -69,6 +70,16 @@ def test_a_run_on_the_hf_server_hides_vllm_from_its_workers(activations, monkeyp
     env_vars = config.ray_kwargs.ray_init.runtime_env.env_vars
     assert (env_vars.get(cpu.HIDE_VLLM_FLAG) == "1") is hidden, env_vars
     assert env_vars[cpu.ENV_FLAG] == "1"
+
+
+def test_the_drivers_zero_keeps_vllm_in_the_workers(activations, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(cpu.HIDE_VLLM_FLAG, "0")
+    config = _config("cpu")
+    with open_dict(config):
+        config.actor_rollout_ref = {"rollout": {"name": "stapo_hf"}}
+    cpu.enable_for_run(config)
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars[cpu.HIDE_VLLM_FLAG] == "0"
 
 
 def test_a_gpu_run_on_vllm_never_hides_it(activations, monkeypatch):

@@ -73,7 +73,9 @@ def enable_for_run(config) -> bool:
     from stapo.verl_plugin.cpu.rollout import ROLLOUT_NAME
 
     if config.get("actor_rollout_ref", {}).get("rollout", {}).get("name") == ROLLOUT_NAME:
-        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{HIDE_VLLM_FLAG}", "1", force_add=True)
+        # the driver's own value (main_stapo sets "1" unless the environment says otherwise: 0 turns it off)
+        hide = os.environ.get(HIDE_VLLM_FLAG, "1")
+        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{HIDE_VLLM_FLAG}", hide, force_add=True)
     activate_if_requested()
     from stapo.verl_plugin.seeding import pin_reproducibility
 
@@ -89,7 +91,8 @@ def hide_unused_vllm() -> None:
     verl imports vLLM in every process that loads its checkpoint engines (the optional Ascend engine
     imports ``vllm.distributed`` whenever vLLM is installed, as it is in the CPU set-up for the vLLM
     runs), and vLLM's import loads torch's inductor: about 2.5 s of CPU a process, in six of a run's
-    processes, for a rollout that never calls it (BENCHMARKS.md, 2026-11-27). ``None`` in
+    processes, for a rollout that never calls it (BENCHMARKS.md, 2026-11-27; ``STAPO_HIDE_VLLM=0`` in the
+    driver's environment keeps the import). ``None`` in
     ``sys.modules`` is Python's own way to make ``import vllm`` fail at once: verl records that optional
     engine as unavailable, exactly as on an install without vLLM. A run on vLLM never sets the flag, and a
     process that already imported vLLM keeps it."""

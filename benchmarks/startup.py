@@ -1,0 +1,94 @@
+"""``python -m benchmarks.startup [--pairs N] [--json OUT]``: the start-up of a tiny trainer run, with vLLM
+imported by its processes as before (``STAPO_HIDE_VLLM=0``) and hidden from them (the default for a run on the HF
+server, stapo/verl_plugin/cpu: ``hide_unused_vllm``).
+
+Each run is ``python -m recipe.stapo.main_stapo model_preset=tiny algo=stapo`` for 2 steps without checkpoints, the
+whole recipe (driver, Ray, every worker). Pairs run in the order kept, hidden, hidden, kept, ... (so neither side
+always goes first on a machine that warms up). For each run: the seconds from the command to verl's first step line
+and to its exit, the load average before it, and every logged value but the machine's (time, throughput, memory),
+to show that hiding vLLM changes no number the run computes. Needs vLLM installed (the CPU set-up has it) to
+measure anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.testbed_timings import logged_values
+from stapo.runs.process import run_recipe_process
+
+FLAG = "STAPO_HIDE_VLLM"
+OVERRIDES = ["model_preset=tiny", "algo=stapo", "trainer.total_training_steps=2", "trainer.save_freq=-1",
+             "trainer.logger=[console]"]
+SIDES = {"kept": "0", "hidden": "1"}
+
+
+def one_run(side: str) -> dict:
+    """One run of the recipe with vLLM ``side`` ("kept" or "hidden"); its timings and logged values."""
+    lines: list[str] = []
+    first_step: list[float] = []
+    load = os.getloadavg()[0]
+    started = time.monotonic()
+
+    def keep(line: str, _proc) -> None:
+        lines.append(line)
+        if not first_step and "step:1 - " in line:
+            first_step.append(time.monotonic() - started)
+
+    with tempfile.TemporaryDirectory(prefix="startup-") as folder:
+        run = run_recipe_process([*OVERRIDES, f"trainer.default_local_dir={folder}/ckpt"], on_line=keep,
+                                 timeout=900, env={FLAG: SIDES[side]})
+    log = "".join(lines)
+    return {
+        "side": side,
+        "rc": run.returncode,
+        "load_before": round(load, 2),
+        "first_step_s": round(first_step[0], 1) if first_step else None,
+        "wall_s": round(run.seconds, 1),
+        "vllm_in_runtime_env": f"'{FLAG}': '1'" in log,
+        "logged": logged_values(log),
+    }
+
+
+def summary(runs: list[dict]) -> dict:
+    out = {}
+    for side in SIDES:
+        mine = [run for run in runs if run["side"] == side]
+        out[side] = {key: [run[key] for run in mine] for key in ("first_step_s", "wall_s", "load_before")}
+        out[side]["median_wall_s"] = statistics.median(run["wall_s"] for run in mine)
+    logged = [json.dumps(run["logged"], sort_keys=True) for run in runs]
+    out["identical_logged_values"] = len(set(logged)) == 1
+    out["logged_values_a_run"] = sum(len(step) for step in runs[0]["logged"].values())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=2, help="pairs of runs (one kept, one hidden), 1 or more")
+    parser.add_argument("--json", type=Path, help="write every run and the summary here")
+    args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error(f"--pairs must be 1 or more, got {args.pairs}")
+    order = [("kept", "hidden") if pair % 2 == 0 else ("hidden", "kept") for pair in range(args.pairs)]
+    runs = []
+    for side in (side for pair in order for side in pair):
+        runs.append(one_run(side))
+        run = runs[-1]
+        print(f"[startup] {side}: rc {run['rc']}, first step {run['first_step_s']} s, exit {run['wall_s']} s "
+              f"(load {run['load_before']})", flush=True)
+    result = {"command": "python -m benchmarks.startup " + f"--pairs {args.pairs}", "overrides": OVERRIDES,
+              "runs": runs, "summary": summary(runs)}
+    print(json.dumps(result["summary"], indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
