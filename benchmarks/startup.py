@@ -51,7 +51,7 @@ def one_run(side: str) -> dict:
         "load_before": round(load, 2),
         "first_step_s": round(first_step[0], 1) if first_step else None,
         "wall_s": round(run.seconds, 1),
-        "vllm_in_runtime_env": f"'{FLAG}': '1'" in log,
+        "hidden_in_runtime_env": f"'{FLAG}': '1'" in log,
         "logged": logged_values(log),
     }
 
@@ -82,7 +82,7 @@ def main() -> None:
         run = runs[-1]
         print(f"[startup] {side}: rc {run['rc']}, first step {run['first_step_s']} s, exit {run['wall_s']} s "
               f"(load {run['load_before']})", flush=True)
-    result = {"command": "python -m benchmarks.startup " + f"--pairs {args.pairs}", "overrides": OVERRIDES,
+    result = {"command": f"python -m benchmarks.startup --pairs {args.pairs}", "overrides": OVERRIDES,
               "runs": runs, "summary": summary(runs)}
     print(json.dumps(result["summary"], indent=1))
     if args.json:

@@ -201,3 +201,6 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     assert before["failures"] == after["failures"] == 0
     assert (f"{before['wall_s']:,.0f} s at 867dd43 ({before['worker_s']:,.0f} s of worker time) and "
             f"{after['wall_s']:,.0f} s at 4b8131d ({after['worker_s']:,.0f} s)") in flat
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (f"pytest {before['wall_s']:,.0f} s at 867dd43, then {after['wall_s']:,.0f} s ({after['wall_s'] / 60:.1f} "
+            f"min, {after['tests'] - after['skipped']} passed, {after['skipped']} skipped") in readme

@@ -86,16 +86,15 @@ def enable_for_run(config) -> bool:
 
 
 def hide_unused_vllm() -> None:
-    """In a worker of a CPU run on the HF server (``STAPO_HIDE_VLLM=1``), import vLLM as if it were not installed.
+    """In a process of a CPU run on the HF server (``STAPO_HIDE_VLLM=1``), import vLLM as if it were not installed.
 
-    verl imports vLLM in every process that loads its checkpoint engines (the optional Ascend engine
-    imports ``vllm.distributed`` whenever vLLM is installed, as it is in the CPU set-up for the vLLM
-    runs), and vLLM's import loads torch's inductor: about 2.5 s of CPU a process, in six of a run's
-    processes, for a rollout that never calls it (BENCHMARKS.md, 2026-11-27; ``STAPO_HIDE_VLLM=0`` in the
-    driver's environment keeps the import). ``None`` in
-    ``sys.modules`` is Python's own way to make ``import vllm`` fail at once: verl records that optional
-    engine as unavailable, exactly as on an install without vLLM. A run on vLLM never sets the flag, and a
-    process that already imported vLLM keeps it."""
+    verl imports vLLM in every process that loads its checkpoint engines (the optional Ascend engine imports
+    ``vllm.distributed`` whenever vLLM is installed, as it is in the CPU set-up for the vLLM runs), and vLLM's
+    import loads torch's inductor, for a rollout that never calls it (BENCHMARKS.md, 2026-11-27: start-up).
+    ``None`` in ``sys.modules`` is Python's own way to make ``import vllm`` fail at once: verl records that
+    optional engine as unavailable, exactly as on an install without vLLM. ``STAPO_HIDE_VLLM=0`` in the
+    driver's environment keeps the import; a run on vLLM never sets the flag, and a process that already
+    imported vLLM keeps it."""
     if os.environ.get(HIDE_VLLM_FLAG) == "1":
         sys.modules.setdefault("vllm", None)
 
