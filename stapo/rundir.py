@@ -10,7 +10,9 @@ Set ``stapo.run_dir=PATH`` on any run (CPU demo or GPU cluster) and it holds:
 verl's file logger truncates its file when it opens it, so a resumed run would erase the metrics
 of the steps before the restart: ``rotate_metrics`` renames an existing ``metrics.jsonl`` to
 ``metrics.prev-N.jsonl`` first, and ``read_metrics`` merges the segments (a step logged again after
-a resume replaces the earlier line).
+a resume replaces the earlier line). A segment may be gzipped (``metrics.jsonl.gz``,
+``metrics.prev-N.jsonl.gz``): ``stapo sweep --archive`` keeps finished runs so, small enough for git, and
+every reader reads them as it reads the plain files.
 
 Pure: file names and readers only. Pointing verl's loggers at the folder (their environment
 variables, ``trainer.logger``) is verl knowledge and lives in ``stapo.verl_plugin.loggers``.
@@ -18,6 +20,7 @@ variables, ``trainer.logger``) is verl knowledge and lives in ``stapo.verl_plugi
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sys
@@ -45,19 +48,27 @@ TAIL_MASS_MAX = TAIL_PREFIX + "unused_mass_max"
 TAIL_SAMPLED = TAIL_PREFIX + "unused_sampled_frac"
 # where both are logged, the readers (progress line, plots) show the first
 ENTROPY_KEYS = (ENTROPY_TOKEN_MEAN, VERL_ENTROPY)
-_SEGMENT = re.compile(r"metrics\.prev-(\d+)\.jsonl$")
+_SEGMENT = re.compile(r"metrics\.prev-(\d+)\.jsonl(?:\.gz)?$")
+GZIP_SUFFIX = ".gz"
 
 
 def metric_segments(run_dir: str | Path) -> list[Path]:
     """The metrics files of a run folder, oldest first."""
     run_dir = Path(run_dir)
     previous = sorted(
-        (int(match.group(1)), path)
-        for path in run_dir.glob("metrics.prev-*.jsonl")
+        (int(match.group(1)), path.name.endswith(GZIP_SUFFIX), path)
+        for path in run_dir.glob("metrics.prev-*.jsonl*")
         if (match := _SEGMENT.search(path.name))
     )
-    current = run_dir / METRICS_NAME
-    return [path for _, path in previous] + ([current] if current.exists() else [])
+    current = [run_dir / (METRICS_NAME + GZIP_SUFFIX), run_dir / METRICS_NAME]  # an archived copy, then the live file
+    return [path for *_, path in previous] + [path for path in current if path.exists()]
+
+
+def read_segment(path: Path) -> str:
+    """A metrics segment's text, gzipped or not."""
+    if path.name.endswith(GZIP_SUFFIX):
+        return gzip.decompress(path.read_bytes()).decode("utf-8")
+    return path.read_text(encoding="utf-8")
 
 
 def rotate_metrics(run_dir: str | Path) -> Path | None:
@@ -79,7 +90,7 @@ def read_metrics(run_dir: str | Path) -> dict[int, dict[str, float]]:
         raise FileNotFoundError(f"{run_dir}: no {METRICS_NAME} (was the run started with stapo.run_dir set?)")
     for path in segments:
         unreadable: list[int] = []
-        for step, data in parse_metric_lines(path.read_text(encoding="utf-8"), unreadable):
+        for step, data in parse_metric_lines(read_segment(path), unreadable):
             steps.setdefault(step, {}).update(data)
         if unreadable:
             shown = ", ".join(map(str, unreadable[:5])) + (", ..." if len(unreadable) > 5 else "")

@@ -11,13 +11,15 @@ only by its seed (``runs/stapo/seed-2``), its parent's name.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stapo.files import write_text_atomically
-from stapo.rundir import metric_segments, read_metrics
+from stapo.files import write_atomically, write_text_atomically
+from stapo.rundir import GZIP_SUFFIX, metric_segments, read_metrics
 from stapo.wandb_offline import read_history, wandb_files
 
 SWEEP_RECORD = "sweep_run.json"
@@ -120,3 +122,28 @@ def group_runs(runs: list[RunData]) -> dict[str, list[RunData]]:
     for members in groups.values():
         members.sort(key=lambda run: (run.seed is None, run.seed or 0, str(run.path)))
     return groups
+
+
+ARCHIVED_FILES = (SWEEP_RECORD, "config.yaml")  # besides the metrics segments
+
+
+def archive_run(run_dir: Path, dest: Path) -> list[Path]:
+    """A finished run's record, config and metrics segments (gzipped) copied into ``dest``: what the
+    comparisons read, without checkpoints, logs and token samples, small enough to commit. A sweep whose
+    ``--out`` holds such folders reads them and skips them as finished, so runs made in several sessions or on
+    several machines join one comparison. The gzip header carries no time or name: the same run archives to
+    the same bytes. Returns the files written."""
+    segments = metric_segments(run_dir)
+    if not segments:
+        raise FileNotFoundError(f"{run_dir}: no metrics to archive")
+    written = []
+    for segment in segments:
+        name = segment.name if segment.name.endswith(GZIP_SUFFIX) else segment.name + GZIP_SUFFIX
+        data = segment.read_bytes()
+        if not segment.name.endswith(GZIP_SUFFIX):
+            data = gzip.compress(data, compresslevel=9, mtime=0)
+        written.append(write_atomically(dest / name, lambda tmp, data=data: tmp.write_bytes(data)))
+    for name in ARCHIVED_FILES:
+        if (run_dir / name).is_file():
+            written.append(write_atomically(dest / name, lambda tmp, name=name: shutil.copyfile(run_dir / name, tmp)))
+    return written

@@ -18,6 +18,13 @@ reached); a group with two runs of one seed is refused (stapo/runs/compare.py). 
 actor_rollout_ref.actor.policy_loss.entropy_quantile=0.5,0.75``) also gets one table per quantity with
 the first axis down and the second across.
 
+``--archive DIR`` copies each finished run's ``sweep_run.json``, ``config.yaml`` and gzipped metrics to
+``DIR/runs/...`` (no checkpoints, logs or token samples): a folder to commit or carry. Copied into a sweep's
+``--out`` on any machine, its runs count as finished, so a sweep longer than one sitting grows run by run:
+
+    stapo sweep --grid algo=stapo,grpo --seeds 1,2,3 --out sweeps/long --archive results/long -- ...
+    cp -r results/long/runs sweeps/long/    # later, elsewhere: then the same command runs only the rest
+
 On a Ray cluster (started with launch/ray/start_head.sh and start_worker.sh, see launch/README.md):
 
     stapo sweep --launcher ray --address http://HEAD:8265 --max-parallel 2 \\
@@ -217,6 +224,21 @@ def run_local_sweep(
     return [run for run in results if run is not None]
 
 
+def archive(runs: list[PlannedRun], out_dir: Path, archive_dir: Path) -> None:
+    """``--archive``: each finished run's folder, as ``archive_run`` keeps it, at the same place under
+    ``archive_dir`` as under ``out_dir``; an unfinished run is named and left out."""
+    from stapo.runs.folder import archive_run
+
+    kept = 0
+    for run in runs:
+        if not is_finished(run.run_dir):
+            print(f"[sweep] {run.cell} seed {run.seed}: not finished, not archived", flush=True)
+            continue
+        archive_run(run.run_dir, archive_dir / run.run_dir.relative_to(out_dir.resolve()))
+        kept += 1
+    print(f"[sweep] archived {kept} finished run(s) to {archive_dir / 'runs'}", flush=True)
+
+
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 1")
@@ -260,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
         "launch/ray/submit.sh",
     )
     parser.add_argument("--compare-only", action="store_true", help="write the comparison from the run folders")
+    parser.add_argument(
+        "--archive",
+        type=Path,
+        metavar="DIR",
+        help="also copy each finished run's sweep_run.json, config.yaml and metrics (gzipped) to DIR/runs/..., "
+        "the same layout as --out: small enough for git, and a sweep whose --out holds them skips those runs",
+    )
     add_step_option(parser)
     parser.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
     parser.add_argument(
@@ -346,6 +375,8 @@ def main(argv: list[str]) -> int:
             print(f"[{state}] python -m recipe.stapo.main_stapo {shlex.join(run.overrides(common))}")
         return 0
     failed = [] if args.compare_only else run_all(args, runs, common)
+    if args.archive is not None:
+        archive(runs, args.out, args.archive)
     from stapo.runs.compare import ComparisonError
 
     try:

@@ -11,6 +11,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 
 from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.runs.compare import mean_se, summarize_group, summarize_run, write_comparison
-from stapo.runs.folder import group_runs, load_run, name_and_seed
+from stapo.runs.folder import group_runs, load_run, name_and_seed, read_run_metrics
 from stapo.runs.plot import group_series, plot_groups
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan, split_values
 from stapo.validation import STAPOConfigError
@@ -499,6 +500,51 @@ def test_dry_run_and_compare_only(tmp_path, capsys):
     table = (tmp_path / "comparison.md").read_text()
     assert "| algo=stapo | 1,2 | - | 0.650 ± 0.050 |" in table and "| algo=grpo | 1,2 | - | 0.400 ± 0.050 |" in table
     assert "(rows)" not in table  # one axis: no ablation layout
+
+
+def test_an_archive_holds_only_finished_runs_small_and_a_sweep_on_it_compares_the_same_and_skips_them(
+    tmp_path, capsys
+):
+    from stapo.sweep.cli import is_finished, main
+    from stapo.sweep.grid import parse_axis, plan
+
+    out, kept = tmp_path / "out", tmp_path / "kept"
+    grid = ["--grid", "algo=stapo,grpo", "--seeds", "1,2"]
+    runs = plan([parse_axis("algo=stapo,grpo")], [1, 2], out)
+    for run in runs:
+        finished = not (run.cell == "algo=grpo" and run.seed == 2)
+        rows = {step: {"val/average/acc": 0.1 * step + run.seed, "timing_s/step": 3.0} for step in (1, 2)}
+        record = {"cell": run.cell, "seed": run.seed, "returncode": 0 if finished else 1, "seconds": 10.0}
+        write_metrics(run.run_dir, rows if finished else {1: rows[1]}, record)
+        (run.run_dir / "config.yaml").write_text("trainer:\n  total_training_steps: 2\n")
+        (run.run_dir / "checkpoints").mkdir()
+        (run.run_dir / "trainer.log").write_text("log\n")
+    assert main([*grid, "--out", str(out), "--compare-only", "--archive", str(kept)]) == 0
+    assert "algo=grpo seed 2: not finished, not archived" in capsys.readouterr().out
+    packed = {}
+    for run in runs:
+        copy = kept / run.run_dir.relative_to(out.resolve())
+        if not is_finished(run.run_dir):
+            assert not copy.exists()
+            continue
+        assert sorted(p.name for p in copy.iterdir()) == ["config.yaml", "metrics.jsonl.gz", "sweep_run.json"]
+        assert is_finished(copy) and read_run_metrics(copy) == read_run_metrics(run.run_dir)
+        packed[copy] = (copy / "metrics.jsonl.gz").read_bytes()
+    assert len(packed) == 3
+    time.sleep(1.1)  # gzip's header holds seconds: a time stamp in it would now differ
+    assert main([*grid, "--out", str(out), "--compare-only", "--archive", str(kept)]) == 0
+    assert {copy: (copy / "metrics.jsonl.gz").read_bytes() for copy in packed} == packed  # same run, same bytes
+    # the archive is a sweep folder: compared alone it gives the table of the finished runs
+    assert main([*grid, "--out", str(kept), "--compare-only"]) == 0
+    archived = json.loads((kept / "comparison.json").read_text())
+    original = json.loads((out / "comparison.json").read_text())
+    moved = json.dumps(archived["groups"]).replace(str(kept.resolve()), str(out.resolve()))
+    assert json.loads(moved) == original["groups"]  # the same numbers; only the runs' folders differ
+    # and a sweep over it runs only what it lacks
+    capsys.readouterr()
+    assert main([*grid, "--out", str(kept), "--dry-run", "--", "model_preset=tiny"]) == 0
+    states = [line.split("]")[0] for line in capsys.readouterr().out.splitlines()]
+    assert states == ["[done", "[done", "[done", "[to run"]
 
 
 def test_a_two_axis_grid_is_laid_out_as_an_ablation_table(tmp_path):

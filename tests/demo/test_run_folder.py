@@ -48,6 +48,33 @@ def test_resume_keeps_earlier_metrics_and_later_lines_win(tmp_path):
     assert steps[2]["x"] == 20.0 and steps[4] == {"x": 4.0} and steps[0]["val/average/acc"] == 0.1
 
 
+def test_gzipped_segments_read_as_the_plain_ones_in_the_same_order(tmp_path):
+    import gzip
+
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    for folder in (plain, packed):
+        folder.mkdir()
+    segments = {
+        "metrics.prev-2.jsonl": [(2, {"x": 20.0}), (3, {"x": 3.0})],
+        "metrics.prev-1.jsonl": [(0, {"x": 0.5}), (1, {"x": 1.0}), (2, {"x": 2.0})],
+        "metrics.jsonl": [(3, {"x": 30.0, "y": 1.0}), (4, {"x": 4.0})],
+    }
+    for name, records in segments.items():
+        _write(plain / name, records)
+        # prev-1 stays plain in the mixed folder: a gzipped and a plain segment sort by their index alone
+        if name == "metrics.prev-1.jsonl":
+            _write(packed / name, records)
+        else:
+            (packed / (name + ".gz")).write_bytes(gzip.compress((plain / name).read_bytes()))
+    assert [p.name for p in metric_segments(packed)] == [
+        "metrics.prev-1.jsonl",
+        "metrics.prev-2.jsonl.gz",
+        "metrics.jsonl.gz",
+    ]
+    assert read_metrics(packed) == read_metrics(plain)
+    assert read_metrics(plain)[3] == {"x": 30.0, "y": 1.0} and read_metrics(plain)[2] == {"x": 20.0}
+
+
 def test_lines_that_are_not_records_are_skipped_with_a_warning_naming_them(tmp_path, capsys):
     record = json.dumps({"step": 1, "data": {"x": 1.0}})
     lines = [record, "garbage", '{"no": "step"}', "[1, 2]", '{"step": "two", "data": {}}', "",
