@@ -1,10 +1,9 @@
 """The verl glue: the only place in the project that imports verl internals.
 
 verl is imported before any module of this package: ``import verl`` runs the ``verl.plugins`` entry
-point (``stapo.verl_plugin.entry`` -> ``registration.register_all``), which imports the losses and the
-trainer. Had a module of this package been first (``driver_diagnostics`` -> ``losses`` -> ``import verl``), the
-entry point would run while that module is half-imported; the trainer's import of it then fails, verl
-swallows the error, and trainer ``stapo`` is silently missing from the process.
+point (``stapo.verl_plugin.entry`` -> ``registration.register_all``), which hooks each registration to the
+import of verl's module holding its registry (``import_hooks``). The hooks are in place before a glue module
+imports verl's registries, so whichever glue module a process imports first, the registrations follow.
 """
 
-import verl  # noqa: F401  (see above: registers STAPO before any glue module is half-imported)
+import verl  # noqa: F401  (see above: installs the registration hooks before any glue module runs)

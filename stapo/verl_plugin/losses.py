@@ -34,7 +34,6 @@ import torch.distributed as dist
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from verl.utils.metric import AggregationType, Metric
 from verl.utils.torch_functional import masked_mean
-from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
 from stapo.loss import (
@@ -145,6 +144,9 @@ class STAPOLossFn:
                 f"the shard carries {self.settings.token_mask}'s per-token weights ({TOKEN_WEIGHT}), which only "
                 f"policy_loss.loss_mode={LOSS_NAME} applies (got {loss_mode!r}): the update would ignore them"
             )
+        # imported here: its module imports core_algos, whose import registers this module (registration.py)
+        from verl.workers.utils.losses import ppo_loss
+
         context = UpdateContext(entropy=entropy, dp_group=dp_group, token_weight=token_weight)
         token = _UPDATE_CONTEXT.set(context)
         try:

@@ -73,6 +73,51 @@ def test_registered_whichever_glue_module_is_imported_first(first):
     assert "REGISTERED STAPOTrainer" in out.stdout
 
 
+LAZY = (
+    "import sys, verl\n"
+    "ours = ['stapo.verl_plugin.trainer', 'stapo.verl_plugin.losses', 'stapo.verl_plugin.seeded_agent_loop',\n"
+    "        'stapo.verl_plugin.cpu.rollout', 'verl.workers.engine_workers', 'verl.trainer.ppo.v1']\n"
+    "print('AFTER_IMPORT_VERL', [m for m in ours if m in sys.modules])\n"
+    "from verl.workers.rollout.base import get_rollout_class\n"
+    "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
+    "print('ROLLOUT', get_rollout_class('stapo_hf').__name__, RolloutReplicaRegistry.get('stapo_hf').__name__)\n"
+    "from verl.workers import engine_workers\n"
+    "from verl.workers.engine.base import EngineRegistry\n"
+    "from stapo.verl_plugin.cpu.patches import init_gloo_process_group\n"
+    "print('PATCHED', engine_workers.initialize_global_process_group_ray is init_gloo_process_group,\n"
+    "      'cpu' in EngineRegistry._engines['language_model']['fsdp2'])\n"
+) + CHECK
+
+
+@pytest.mark.slow  # starts processes: out of make test-fast
+def test_each_registration_waits_for_its_registry_and_then_is_there():
+    """A CPU run's process: `import verl` loads none of the pieces (a Ray worker that never builds a trainer
+    never imports it); importing the registry's module registers each, the CPU patches included."""
+    import os
+
+    from stapo.verl_plugin.cpu import ENV_FLAG, HIDE_VLLM_FLAG
+
+    env = {**os.environ, ENV_FLAG: "1", HIDE_VLLM_FLAG: "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=300, cwd="/", env=env, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "AFTER_IMPORT_VERL []" in out.stdout, out.stdout
+    assert "ROLLOUT HFServerAdapter HFReplica" in out.stdout
+    assert "PATCHED True True" in out.stdout
+    assert "REGISTERED STAPOTrainer" in out.stdout
+
+
+def test_the_agent_loop_entry_is_the_one_verl_s_decorator_writes():
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    from stapo.verl_plugin.seeded_agent_loop import SeededSingleTurnAgentLoop
+    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+
+    cls = SeededSingleTurnAgentLoop
+    assert _agent_loop_registry[AGENT_LOOP_NAME] == {"_target_": f"{cls.__module__}.{cls.__qualname__}"}
+
+
 @pytest.mark.slow  # starts processes: out of make test-fast
 def test_plugin_switched_off_is_reported_clearly():
     code = (

@@ -13,7 +13,11 @@ from __future__ import annotations
 import os
 import sys
 
+from stapo.verl_plugin.import_hooks import after_import
+
 ENV_FLAG = "STAPO_CPU_BACKEND"
+ROLLOUT_NAME = "stapo_hf"  # actor_rollout_ref.rollout.name of the HF rollout
+ADAPTER_PATH = "stapo.verl_plugin.cpu.rollout.HFServerAdapter"
 # set by the driver, in Ray's runtime env, for a CPU run on the HF server (see hide_unused_vllm)
 HIDE_VLLM_FLAG = "STAPO_HIDE_VLLM"
 
@@ -23,14 +27,26 @@ def requested() -> bool:
 
 
 def register_rollout() -> None:
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
+    """The HF rollout (``actor_rollout_ref.rollout.name=stapo_hf``) in verl's two rollout registries, each when
+    verl imports it. Neither callback imports the rollout: the adapter registry holds a dotted path verl imports
+    when a worker builds the adapter, the replica registry a loader verl calls when the trainer builds replicas."""
+    after_import("verl.workers.rollout.base", _register_adapter)
+    after_import("verl.workers.rollout.replica", _register_replica)
 
-    from stapo.verl_plugin.cpu.rollout import ROLLOUT_NAME, HFReplica
 
+def _register_adapter(base) -> None:
     # verl has no public registration call for adapters: its registry is this module-level dict
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "stapo.verl_plugin.cpu.rollout.HFServerAdapter"
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFReplica)
+    base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_PATH
+
+
+def _load_hf_replica():
+    from stapo.verl_plugin.cpu.rollout import HFReplica
+
+    return HFReplica
+
+
+def _register_replica(replica) -> None:
+    replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
 
 
 def _runtime_env_flag(config) -> str | None:
@@ -70,8 +86,6 @@ def enable_for_run(config) -> bool:
         raise STAPOConfigError(f"{ENV_FLAG}=1 runs verl on the CPU: it needs trainer.device=cpu (got {device!r})")
     os.environ[ENV_FLAG] = "1"
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}", "1", force_add=True)
-    from stapo.verl_plugin.cpu.rollout import ROLLOUT_NAME
-
     if config.get("actor_rollout_ref", {}).get("rollout", {}).get("name") == ROLLOUT_NAME:
         # the driver's own value (main_stapo sets "1" unless the environment says otherwise: 0 turns it off)
         hide = os.environ.get(HIDE_VLLM_FLAG, "1")
@@ -100,7 +114,9 @@ def hide_unused_vllm() -> None:
 
 
 def activate_if_requested() -> None:
-    """Register the HF rollout; with STAPO_CPU_BACKEND=1 also make this process run verl on the CPU."""
+    """Register the HF rollout; with STAPO_CPU_BACKEND=1 also make this process run verl on the CPU: the
+    platform now (verl's modules pick their device from it as they load), the patches of verl's FSDP worker
+    and engine when those are imported (only the FSDP worker process imports them)."""
     if requested():
         from verl.plugin.platform import set_platform
 
@@ -109,5 +125,6 @@ def activate_if_requested() -> None:
 
         os.environ["VERL_PLATFORM"] = PLATFORM_NAME  # children resolve the same platform
         set_platform(PlatformStapoCPU())
-        patches.apply()
+        after_import("verl.workers.engine_workers", patches.patch_engine_workers)
+        after_import("verl.workers.engine.fsdp.transformer_impl", patches.patch_fsdp_engine)
     register_rollout()

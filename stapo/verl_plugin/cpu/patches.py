@@ -66,12 +66,14 @@ def logprobs_of_labels(logits: torch.Tensor, labels: torch.Tensor, inplace_backw
     return torch.cat(picked).view(labels.shape)  # split() yields one empty chunk for no rows, so never empty
 
 
-def apply() -> None:
-    from verl.workers import engine_workers
-    from verl.workers.engine.base import EngineRegistry
-    from verl.workers.engine.fsdp import transformer_impl
-
+def patch_engine_workers(engine_workers) -> None:
+    """verl.workers.engine_workers, right after its import (a hook of stapo.verl_plugin.cpu)."""
     engine_workers.initialize_global_process_group_ray = init_gloo_process_group
+
+
+def patch_fsdp_engine(transformer_impl) -> None:
+    """verl's FSDP engine module, right after its import: it has imported the engine registry by then."""
+    from verl.workers.engine.base import EngineRegistry
 
     if not getattr(transformer_impl, "_stapo_cpu_patched", False):
         transformer_impl.CPUOffloadPolicy = _unpinned_offload_policy(transformer_impl.CPUOffloadPolicy)
@@ -86,3 +88,12 @@ def apply() -> None:
         registered = EngineRegistry._engines.get(model_type, {})
         if "cpu" not in registered.get("fsdp2", {}):
             EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device="cpu")(engine_cls)
+
+
+def apply() -> None:
+    """Both patches now (importing the two modules): for a process that wants them without the hooks."""
+    from verl.workers import engine_workers
+    from verl.workers.engine.fsdp import transformer_impl
+
+    patch_engine_workers(engine_workers)
+    patch_fsdp_engine(transformer_impl)

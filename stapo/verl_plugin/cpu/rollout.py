@@ -33,12 +33,12 @@ from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from stapo.models.generation import generation_ids
 from stapo.models.qwen3 import UNUSED_FROM_KEY
+from stapo.verl_plugin.cpu import ROLLOUT_NAME
 from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD, Sampling, sample_batch
 from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
 
 logger = logging.getLogger(__name__)
 
-ROLLOUT_NAME = "stapo_hf"
 # sampling_params entry the stapo_seeded agent loop adds for this server only: {"key", "size", "index"}
 GROUP_PARAM = "stapo_group"
 # the n requests of a group are created together by verl's agent loop worker; one that has not
