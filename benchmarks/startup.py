@@ -1,6 +1,9 @@
-"""``python -m benchmarks.startup [--pairs N] [--json OUT]``: the start-up of a tiny trainer run, with vLLM
-imported by its processes as before (``STAPO_HIDE_VLLM=0``) and hidden from them (the default for a run on the HF
-server, stapo/verl_plugin/cpu: ``hide_unused_vllm``).
+"""``python -m benchmarks.startup [--pairs N] [--before-tree DIR] [--json OUT]``: the start-up of a tiny trainer
+run, with vLLM imported by its processes as before (``STAPO_HIDE_VLLM=0``) and hidden from them (the default for a
+run on the HF server, stapo/verl_plugin/cpu: ``hide_unused_vllm``); or, with ``--before-tree DIR`` (a checkout of an
+earlier commit, e.g. ``git worktree add --detach DIR REV``), that checkout's code ("before") against this one's
+("after"), vLLM hidden in both: DIR goes first on PYTHONPATH, so the driver and every Ray worker import its
+``stapo`` and ``recipe`` instead of the installed ones.
 
 Each run is ``python -m recipe.stapo.main_stapo model_preset=tiny algo=stapo`` for 2 steps without checkpoints, the
 whole recipe (driver, Ray, every worker). Pairs run in the order kept, hidden, hidden, kept, ... (so neither side
@@ -29,8 +32,17 @@ OVERRIDES = ["model_preset=tiny", "algo=stapo", "trainer.total_training_steps=2"
 SIDES = {"kept": "0", "hidden": "1"}
 
 
-def one_run(side: str) -> dict:
-    """One run of the recipe with vLLM ``side`` ("kept" or "hidden"); its timings and logged values."""
+def side_settings(side: str, before_tree: Path | None) -> tuple[dict[str, str], Path | None]:
+    """The environment and working folder of a run on ``side``."""
+    if before_tree is None:
+        return {FLAG: SIDES[side]}, None
+    if side == "after":
+        return {FLAG: "1"}, None
+    return {FLAG: "1", "PYTHONPATH": f"{before_tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}, before_tree
+
+
+def one_run(side: str, before_tree: Path | None = None) -> dict:
+    """One run of the recipe on ``side`` ("kept"/"hidden", or "before"/"after"); its timings and logged values."""
     lines: list[str] = []
     first_step: list[float] = []
     load = os.getloadavg()[0]
@@ -42,8 +54,9 @@ def one_run(side: str) -> dict:
             first_step.append(time.monotonic() - started)
 
     with tempfile.TemporaryDirectory(prefix="startup-") as folder:
+        env, cwd = side_settings(side, before_tree)
         run = run_recipe_process([*OVERRIDES, f"trainer.default_local_dir={folder}/ckpt"], on_line=keep,
-                                 timeout=900, env={FLAG: SIDES[side]})
+                                 timeout=900, env=env, cwd=cwd)
     log = "".join(lines)
     return {
         "side": side,
@@ -56,9 +69,9 @@ def one_run(side: str) -> dict:
     }
 
 
-def summary(runs: list[dict]) -> dict:
+def summary(runs: list[dict], sides: tuple[str, str] = tuple(SIDES)) -> dict:
     out = {}
-    for side in SIDES:
+    for side in sides:
         mine = [run for run in runs if run["side"] == side]
         out[side] = {key: [run[key] for run in mine] for key in ("first_step_s", "wall_s", "load_before")}
         out[side]["median_wall_s"] = statistics.median(run["wall_s"] for run in mine)
@@ -71,19 +84,25 @@ def summary(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=2, help="pairs of runs (one kept, one hidden), 1 or more")
+    parser.add_argument("--before-tree", type=Path, help="a checkout of an earlier commit: its code against this one")
     parser.add_argument("--json", type=Path, help="write every run and the summary here")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error(f"--pairs must be 1 or more, got {args.pairs}")
-    order = [("kept", "hidden") if pair % 2 == 0 else ("hidden", "kept") for pair in range(args.pairs)]
+    if args.before_tree is not None and not (args.before_tree / "recipe" / "stapo" / "main_stapo.py").is_file():
+        parser.error(f"--before-tree {args.before_tree}: no recipe/stapo/main_stapo.py, not a checkout of this project")
+    sides = tuple(SIDES) if args.before_tree is None else ("before", "after")
+    order = [sides if pair % 2 == 0 else sides[::-1] for pair in range(args.pairs)]
     runs = []
     for side in (side for pair in order for side in pair):
-        runs.append(one_run(side))
+        runs.append(one_run(side, args.before_tree))
         run = runs[-1]
         print(f"[startup] {side}: rc {run['rc']}, first step {run['first_step_s']} s, exit {run['wall_s']} s "
               f"(load {run['load_before']})", flush=True)
-    result = {"command": f"python -m benchmarks.startup --pairs {args.pairs}", "overrides": OVERRIDES,
-              "runs": runs, "summary": summary(runs)}
+    command = f"python -m benchmarks.startup --pairs {args.pairs}"
+    if args.before_tree is not None:
+        command += f" --before-tree {args.before_tree}"
+    result = {"command": command, "overrides": OVERRIDES, "runs": runs, "summary": summary(runs, sides)}
     print(json.dumps(result["summary"], indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -512,3 +512,24 @@ def test_the_fisher_p_value_is_the_share_of_relabellings_as_extreme(hit_a, n_a, 
     placements = list(combinations(range(total), hits))
     extreme = sum(sum(index < n_a for index in placed) >= hit_a for placed in placements)
     assert fisher_one_sided(hit_a, n_a, hit_b, n_b) == pytest.approx(extreme / len(placements), rel=1e-12)
+
+
+def test_the_long_horizon_archive_holds_the_finished_runs_results_md_names():
+    """results/tailbed-long-horizon/runs: runs kept by ``stapo sweep --archive``, each finished at step 500 at the
+    commit COMMAND names; the README lists exactly these as finished so far."""
+    from stapo.runs.folder import read_record, read_run_metrics
+    from stapo.sweep.cli import is_finished
+
+    runs = sorted((RESULTS / "tailbed-long-horizon" / "runs").glob("*/seed-*"))
+    names = []
+    for run in runs:
+        record = read_record(run)
+        steps = read_run_metrics(run)
+        assert is_finished(run) and record["returncode"] == 0
+        assert max(step for step, metrics in steps.items() if "timing_s/step" in metrics) == 500
+        names.append(f"{ {'algo=justrl': 'JustRL', 'algo=stapo': 'STAPO', 'algo=grpo': 'GRPO'}[record['cell']]} "
+                     f"seed {record['seed']}")
+    assert names == ["JustRL seed 1", "STAPO seed 1"]
+    readme = " ".join((RESULTS / "README.md").read_text().split())
+    assert "Finished so far: JustRL seed 1 and STAPO seed 1." in readme
+    assert "commit 0777993" in (RESULTS / "tailbed-long-horizon" / "COMMAND").read_text()

@@ -4,6 +4,7 @@ was given (random, on a written log), and the other scripts' command lines."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -204,3 +205,31 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (f"pytest {before['wall_s']:,.0f} s at 867dd43, then {after['wall_s']:,.0f} s ({after['wall_s'] / 60:.1f} "
             f"min, {after['tests'] - after['skipped']} passed, {after['skipped']} skipped") in readme
+
+
+def test_startup_before_tree_runs_that_checkout_s_code_and_the_after_side_this_one(tmp_path, monkeypatch):
+    from benchmarks.startup import FLAG, side_settings
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env, cwd = side_settings("before", tmp_path)
+    assert env == {FLAG: "1", "PYTHONPATH": f"{tmp_path}{os.pathsep}/elsewhere"} and cwd == tmp_path
+    assert side_settings("after", tmp_path) == ({FLAG: "1"}, None)  # vLLM hidden on both sides
+    assert side_settings("kept", None) == ({FLAG: "0"}, None) and side_settings("hidden", None) == ({FLAG: "1"}, None)
+
+
+def test_the_lazy_registration_start_up_figures_are_what_benchmarks_md_quotes():
+    from benchmarks.startup import summary as startup_summary
+
+    recorded = json.loads((REPO / "benchmarks" / "startup_runs" / "2026-11-27-lazy-registrations.json").read_text())
+    found = startup_summary(recorded["runs"], ("before", "after"))
+    assert found == recorded["summary"] and found["identical_logged_values"]
+    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    before, after = found["before"], found["after"]
+    first = ", ".join(map(str, before["first_step_s"])), ", ".join(map(str, after["first_step_s"]))
+    wall = ", ".join(map(str, before["wall_s"])), ", ".join(map(str, after["wall_s"]))
+    assert f"| command to verl's first step line, s | {first[0]} | {first[1]} |" in flat
+    assert f"| command to exit, s | {wall[0]} | {wall[1]} |" in flat
+    assert f"the {found['logged_values_a_run']} values each run logged" in flat
+    gaps = [b - a for b, a in zip(before["first_step_s"], after["first_step_s"], strict=True)]  # pair by pair
+    assert all(8.5 <= gap < 10 for gap in gaps)
+    assert f"({gaps[0]:.1f} and {gaps[1]:.1f} s)" in flat  # "about 9 s less to the first step in each pair"
