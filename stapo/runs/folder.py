@@ -138,10 +138,11 @@ def archive_run(run_dir: Path, dest: Path) -> list[Path]:
         raise FileNotFoundError(f"{run_dir}: no metrics to archive")
     written = []
     for segment in segments:
-        name = segment.name if segment.name.endswith(GZIP_SUFFIX) else segment.name + GZIP_SUFFIX
         data = segment.read_bytes()
-        if not segment.name.endswith(GZIP_SUFFIX):
-            data = gzip.compress(data, compresslevel=9, mtime=0)
+        if segment.name.endswith(GZIP_SUFFIX):
+            name = segment.name
+        else:
+            name, data = segment.name + GZIP_SUFFIX, gzip.compress(data, compresslevel=9, mtime=0)
         written.append(write_atomically(dest / name, lambda tmp, data=data: tmp.write_bytes(data)))
     for name in ARCHIVED_FILES:
         if (run_dir / name).is_file():

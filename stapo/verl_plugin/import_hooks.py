@@ -3,10 +3,10 @@
 Why: the plugin is loaded by ``import verl`` in every process of a run (the driver, the TaskRunner and each
 Ray worker), but each registration is needed only where verl reads the registry it fills: the trainer in the
 TaskRunner, the policy losses in the actor, the HF rollout where rollouts are built, the CPU patches in the
-FSDP worker. Importing them all everywhere cost a CPU run's processes about 3 s each of imports that most of
-them never use (BENCHMARKS.md, "lazy registrations"). So each registration waits for the module holding its
-registry: ``after_import("verl.trainer.ppo.v1", register)`` calls ``register(module)`` once that module has
-run to its end, or at once if it already has.
+FSDP worker. Importing them all everywhere cost most of a CPU run's processes seconds of imports they never
+use (BENCHMARKS.md, "lazy registrations", has the start-up before and after). So each registration waits
+for the module holding its registry: ``after_import("verl.trainer.ppo.v1", register)`` calls
+``register(module)`` once that module has run to its end, or at once if it already has.
 
 A callback runs while the import that triggered it is still on the stack: the modules that import the target
 may be half-executed. So a callback touches the target module (complete by then) and modules the target
