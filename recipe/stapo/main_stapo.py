@@ -67,15 +67,25 @@ def prepare(config: DictConfig) -> DictConfig:
     return config
 
 
-# a run on the project's HF server never calls vLLM: the driver imports it as if absent, before its first
-# verl import, as its workers do (stapo/verl_plugin/cpu: hide_unused_vllm, where the two names are defined;
-# tests/unit/test_cpu_activation.py checks that they agree)
+# the two names of stapo/verl_plugin/cpu (hide_unused_vllm), without importing that package, which imports
+# verl (tests/unit/test_cpu_activation.py checks that they agree)
 HF_ROLLOUT, HIDE_VLLM_FLAG = "stapo_hf", "STAPO_HIDE_VLLM"
 
 
-def run(config: DictConfig) -> None:
-    if config.actor_rollout_ref.rollout.get("name") == HF_ROLLOUT:
+def hide_vllm_if_unused(config: DictConfig) -> None:
+    """A run on the project's HF server never calls vLLM: the driver imports it as if absent, as its workers do
+    (an environment that says ``STAPO_HIDE_VLLM=0`` keeps it). Composing the config imported verl already
+    (Hydra's ``pkg://verl.trainer.config`` search path), so the plugin read the flag before it was set here:
+    it is applied again, before verl's trainer modules (which import vLLM) load."""
+    if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == HF_ROLLOUT:
         os.environ.setdefault(HIDE_VLLM_FLAG, "1")
+        from stapo.verl_plugin.cpu import hide_unused_vllm
+
+        hide_unused_vllm()
+
+
+def run(config: DictConfig) -> None:
+    hide_vllm_if_unused(config)  # main() did it already, unless Hydra alone composed (e.g. --multirun)
     from verl.trainer.main_ppo import TaskRunnerV1, run_ppo
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
@@ -112,8 +122,9 @@ def hydra_main(config: DictConfig) -> None:
 
 
 def main() -> None:
-    """Compose once with Hydra's compose API (same config folder, same overrides) to refuse a misspelt key
-    or a bad setting in one line, then hand over to ``hydra_main`` (the run, ``--cfg``, ``--help``)."""
+    """Compose once with Hydra's compose API (same config folder, same overrides) and check the settings, to
+    refuse a misspelt key or a bad setting in one line, then hand over to ``hydra_main`` (the run, ``--cfg``,
+    ``--help``). A bad setting is refused before verl's trainer modules are imported."""
     from hydra._internal.utils import get_args_parser
 
     from stapo.check import compose_run, quiet_optional_engines
@@ -126,12 +137,13 @@ def main() -> None:
                   or args.experimental_rerun or args.cfg == "hydra" or args.config_path or args.config_name
                   or args.config_dir)
     if not hydra_only:
-        from stapo.verl_plugin.run_checks import validate_run_config
-
         try:
             config = compose_run(args.overrides)
-            if args.cfg:  # --cfg job|all prints the config: only a config the run would accept
-                validate_run_config(config)
+            hide_vllm_if_unused(config)
+            from stapo.verl_plugin.run_checks import validate_run_config
+
+            # prepare() checks again once the CPU back-end is set; --cfg job|all prints only a config the run takes
+            validate_run_config(config)
         except STAPOConfigError as error:
             refuse(error)
     hydra_main()

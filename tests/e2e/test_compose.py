@@ -117,8 +117,7 @@ def test_cli_overrides_reach_the_config():
     [
         ("qwen3_14b", "entropy20",
          ["loss_mode: masked_clip", "token_mask: entropy20", "path: Qwen/Qwen3-14B-Base", "name: vllm"]),
-        ("tiny", "stapo",
-         ["loss_mode: masked_clip", "token_mask: stapo", "path: stapo://tiny", "name: stapo_hf", "device: cpu"]),
+        # the defaults (tiny, stapo) as a process: tests/launch/test_entrypoint_modes.py, through the image's entry
     ],
 )
 @pytest.mark.slow

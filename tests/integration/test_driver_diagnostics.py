@@ -25,7 +25,7 @@ from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.token_sample import token_sample
 from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
 from stapo.verl_plugin.driver_diagnostics import ENTROPY_MAX
-from tests.integration.verl_batches import response_rows
+from tests.integration.jagged_rows import response_rows
 from tests.spurious_log_reference import write_padded_log
 
 
@@ -79,19 +79,25 @@ def _spy(tq, monkeypatch) -> list[dict]:
     return gets
 
 
+@pytest.fixture(scope="module")
+def tq():
+    """One local Ray and TransferQueue for the module's tests (a start-up each costs seconds); each test its keys."""
+    with transfer_queue() as started:
+        yield started
+
+
 @pytest.mark.slow  # starts processes: out of make test-fast
-def test_round_trip_equals_the_padded_reference(tmp_path, monkeypatch):
+def test_round_trip_equals_the_padded_reference(tq, tmp_path, monkeypatch):
     batch = _batch()
     keys = [f"k{i}" for i in range(len(batch["responses"]))]
     driver = driver_diagnostics(tmp_path / "flat")
     ref = driver_diagnostics(tmp_path / "padded")
-    with transfer_queue() as tq:
-        _store(tq, batch, keys)
-        with monkeypatch.context() as patch:
-            gets, puts = _spy(tq, patch), []
-            patch.setattr(tq, "kv_batch_put", lambda **kw: puts.append(kw))
-            result = driver.round_trip(1, keys, PARTITION)
-        back = tq.kv_batch_get(keys=keys, partition_id=PARTITION, select_fields=["response_mask", "loss_mask"])
+    _store(tq, batch, keys)
+    with monkeypatch.context() as patch:
+        gets, puts = _spy(tq, patch), []
+        patch.setattr(tq, "kv_batch_put", lambda **kw: puts.append(kw))
+        result = driver.round_trip(1, keys, PARTITION)
+    back = tq.kv_batch_get(keys=keys, partition_id=PARTITION, select_fields=["response_mask", "loss_mask"])
     expected, sample = _reference(batch, driver.settings, ref.diagnostics, ref.spurious_log, ref.tokenizer)
     # one fetch of the whole batch (reward info included, token ids not), then the ids of the logged rows only
     assert len(gets) == 2, gets
@@ -114,13 +120,12 @@ def test_round_trip_equals_the_padded_reference(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # starts processes: out of make test-fast
-def test_a_step_without_diagnostics_fetches_the_reward_extras_only(tmp_path, monkeypatch):
+def test_a_step_without_diagnostics_fetches_the_reward_extras_only(tq, tmp_path, monkeypatch):
     batch = _batch(rows=12, seed=5)
-    keys = [f"k{i}" for i in range(12)]
+    keys = [f"quiet{i}" for i in range(12)]
     quiet_driver = quiet(driver_diagnostics(tmp_path))
-    with transfer_queue() as tq:
-        _store(tq, batch, keys)
-        gets = _spy(tq, monkeypatch)
-        result = quiet_driver.round_trip(3, keys, PARTITION)
+    _store(tq, batch, keys)
+    gets = _spy(tq, monkeypatch)
+    result = quiet_driver.round_trip(3, keys, PARTITION)
     assert [g["select_fields"] for g in gets] == [["extra_fields"]]
     assert result.metrics.keys() == {"reward/acc/mean"}

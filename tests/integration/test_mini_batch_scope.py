@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
@@ -29,15 +27,9 @@ from verl.workers.engine_workers import TrainingWorker
 from stapo.masks import MaskSettings
 from stapo.validation import STAPOConfigError
 from stapo.verl_plugin.mini_batches import MiniBatchSplit
-from stapo.verl_plugin.shard_mask import fold_shard
-from tests.integration.verl_batches import response_rows
+from tests.integration.mini_batch_ranks import ROWS, SETTINGS, batch_rows, fold_on_rank
 from tests.reference import REFERENCES
 
-ROWS = 24
-SETTINGS = {
-    "stapo": MaskSettings(token_mask="stapo", tau_p=2e-3, entropy_quantile=0.8, threshold_scope="mini_batch"),
-    "entropy20": MaskSettings(token_mask="entropy20", entropy_denominator="kept", threshold_scope="mini_batch"),
-}
 # float sums whose order of addition differs between the layouts
 FLOAT_SUMS = ("grad_bound_spurious", "grad_bound_positive", "grad_bound_share_spurious")
 
@@ -127,41 +119,10 @@ def test_num_mini_batch_and_epochs():
 # --- the fold on real gloo ranks against the loop references --------------------------------------
 
 
-def _batch() -> dict[str, list[torch.Tensor]]:
-    batch = response_rows(ROWS, seed=11, max_len=60, specials=(1, 2, 3), low_share=0.1)
-    del batch["responses"]
-    return batch
-
-
-def _nested(rows):
-    return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, mini_batch_size: int, shuffle: bool, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        batch, shard_rows = _batch(), ROWS // world
-        start = rank * shard_rows
-        out = {}
-        for name, settings in SETTINGS.items():
-            fields = {key: _nested(values[start : start + shard_rows]) for key, values in batch.items()}
-            fields["loss_mask"] = _nested([m.clone() for m in batch["response_mask"][start : start + shard_rows]])
-            data = TensorDict(fields, batch_size=shard_rows)
-            tu.assign_non_tensor(data, mini_batch_size=mini_batch_size, epochs=1, seed=3,
-                                 dataloader_kwargs={"shuffle": shuffle})
-            metrics = fold_shard(data, settings, dist.group.WORLD)
-            out[name] = {"response_mask": [t.tolist() for t in data["response_mask"].unbind()],
-                         "loss_mask": [t.tolist() for t in data["loss_mask"].unbind()], "metrics": metrics}
-        results[rank] = out
-    finally:
-        dist.destroy_process_group()
 
 
 def reference_by_mini_batch(batch, settings: MaskSettings, mini_batches: list[list[int]]):
@@ -193,9 +154,9 @@ def reference_by_mini_batch(batch, settings: MaskSettings, mini_batches: list[li
 @pytest.mark.parametrize(("world", "mini_batch_size", "shuffle"), [(1, 6, True), (2, 12, False), (3, 6, True)])
 def test_every_rank_folds_the_mask_of_its_mini_batch(world, mini_batch_size, shuffle):
     results = mp.Manager().dict()
-    mp.start_processes(_worker, args=(world, _free_port(), mini_batch_size, shuffle, results), nprocs=world,
+    mp.start_processes(fold_on_rank, args=(world, _free_port(), mini_batch_size, shuffle, results), nprocs=world,
                        start_method="spawn")
-    batch, shard_rows = _batch(), ROWS // world
+    batch, shard_rows = batch_rows(), ROWS // world
     mini_batches = [[] for _ in range(ROWS // mini_batch_size)]
     for rank in range(world):
         for k, rows in enumerate(reference_split(shard_rows, mini_batch_size // world, 3 + rank, shuffle)):

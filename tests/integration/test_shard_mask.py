@@ -25,7 +25,7 @@ from tensordict import TensorDict
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
 from stapo.verl_plugin.jagged import TOKEN_WEIGHT
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
-from tests.integration.verl_batches import response_rows
+from tests.integration.jagged_rows import response_rows
 
 # float sums (and their ratio) whose order of addition differs between the padded and the sharded layout
 FLOAT_SUMS = ("grad_bound_spurious", "grad_bound_positive", "grad_bound_share_spurious", "weight_sum",

@@ -34,6 +34,9 @@ def test_train_composes_the_recipes_config_from_stapo_home(tmp_path):
                       timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "token_mask: stapo" in done.stdout and "total_training_steps: 7" in done.stdout
+    # the recipe's defaults: the tiny preset on the CPU back-end and its HF rollout
+    for text in ("loss_mode: masked_clip", "path: stapo://tiny", "name: stapo_hf", "device: cpu"):
+        assert text in done.stdout, text
     assert not any(tmp_path.iterdir()), "--cfg job must only print the config"
 
 

@@ -243,9 +243,10 @@ def test_misspelt_key_or_preset_is_refused_by_hydra_naming_it(override, key):
 
 def _run_recipe(*overrides: str) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, HYDRA_FULL_ERROR="1", PYTHONUNBUFFERED="1")
+    env.pop("STAPO_HIDE_VLLM", None)  # the recipe decides, as for a user
     started = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "recipe.stapo.main_stapo", "model_preset=tiny", *overrides],
+    out = subprocess.run(  # -X importtime: each module the process imported, one stderr line each
+        [sys.executable, "-X", "importtime", "-m", "recipe.stapo.main_stapo", "model_preset=tiny", *overrides],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False,
     )
     return out, time.monotonic() - started
@@ -255,17 +256,18 @@ RAY_STARTED = re.compile(r"Started a local Ray instance|ray init kwargs|ray\.ini
 
 
 @pytest.mark.parametrize(
-    "override, expected",
+    "override, expected, refused_by",
     [
-        (f"{PL}.tau_pp=0.1", "tau_pp"),
-        ("data.train_batch_size=6", f"data.train_batch_size (6) must be a multiple of {MINI} (4)"),
-        ("trainer.v1.trainer_mode=sync", f"{PL}.token_mask=stapo needs trainer.v1.trainer_mode=stapo"),
+        # one process a route (the messages of each route are tested in-process above; Hydra's refusal of a
+        # misspelt key, exit 2 and nothing written, as a process: tests/reliability/test_check.py)
+        ("data.train_batch_size=6", f"data.train_batch_size (6) must be a multiple of {MINI} (4)", "checks"),
         # the tiny preset asks for the CPU back-end in Ray's runtime env: a device other than cpu is refused
-        ("trainer.device=cuda", "stapo: STAPO_CPU_BACKEND=1 runs verl on the CPU: it needs trainer.device=cpu"),
+        ("trainer.device=cuda", "stapo: STAPO_CPU_BACKEND=1 runs verl on the CPU: it needs trainer.device=cpu",
+         "prepare"),
     ],
 )
 @pytest.mark.slow  # starts processes: out of make test-fast
-def test_recipe_process_exits_before_ray(override, expected):
+def test_recipe_process_exits_before_ray(override, expected, refused_by):
     out, seconds = _run_recipe(override)
     assert out.returncode != 0, out.stdout[-2000:]
     assert expected in out.stderr, out.stderr[-3000:]
@@ -274,3 +276,10 @@ def test_recipe_process_exits_before_ray(override, expected):
     # machine, 50 s under a load of 10; a hang guard only; the absence of Ray's start-up lines is the proof
     assert seconds < 150, seconds
     print(f"[reliability] {override}: exit {out.returncode} after {seconds:.1f} s")
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", out.stderr, flags=re.MULTILINE))
+    # the settings' checks load verl's trainer modules, whose checkpoint engines import vLLM when it is installed:
+    # a run on the HF server never calls vLLM, and its driver imports it as if absent (as its workers do)
+    assert "verl.trainer.ppo.v1.trainer_base" in imported, out.stderr[-3000:]
+    assert "vllm" not in imported, sorted(name for name in imported if name.startswith("vllm"))
+    if refused_by == "checks":  # before verl's entry point, whose imports a run pays once its settings passed
+        assert "verl.trainer.main_ppo" not in imported

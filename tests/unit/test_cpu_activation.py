@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
@@ -16,6 +18,7 @@ def activations(monkeypatch):
     calls = []
     monkeypatch.setattr(cpu, "activate_if_requested", lambda: calls.append(True))
     monkeypatch.setenv(cpu.ENV_FLAG, "0")
+    monkeypatch.delenv(cpu.PRESTART_FLAG, raising=False)  # restored after the test: enable_for_run sets it
     return calls
 
 
@@ -33,6 +36,14 @@ def test_cpu_device_without_cuda_turns_it_on_for_driver_and_workers(activations,
     assert activations == [True] and cpu.requested()
     assert config.ray_kwargs.ray_init.runtime_env.env_vars[cpu.ENV_FLAG] == "1"
     assert config.ray_kwargs.ray_init.num_cpus == 16  # nothing else touched
+    assert os.environ[cpu.PRESTART_FLAG] == "0"  # the raylet this driver starts starts no idle workers
+
+
+def test_a_prestart_setting_of_the_user_is_kept(activations, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(cpu.PRESTART_FLAG, "1")
+    assert cpu.enable_for_run(_config("cpu")) is True
+    assert os.environ[cpu.PRESTART_FLAG] == "1"
 
 
 def test_gpu_run_is_left_alone(activations, monkeypatch):
@@ -41,6 +52,7 @@ def test_gpu_run_is_left_alone(activations, monkeypatch):
     assert cpu.enable_for_run(config) is False
     assert activations == [] and not cpu.requested()
     assert "runtime_env" not in config.ray_kwargs.ray_init
+    assert cpu.PRESTART_FLAG not in os.environ  # a GPU cluster keeps Ray's defaults
 
 
 def test_cpu_device_on_a_cuda_machine_needs_the_flag(activations, monkeypatch):

@@ -20,6 +20,8 @@ ROLLOUT_NAME = "stapo_hf"  # actor_rollout_ref.rollout.name of the HF rollout
 ADAPTER_PATH = "stapo.verl_plugin.cpu.rollout.HFServerAdapter"
 # set by the driver, in Ray's runtime env, for a CPU run on the HF server (see hide_unused_vllm)
 HIDE_VLLM_FLAG = "STAPO_HIDE_VLLM"
+# Ray's system setting, as an environment variable: prestart idle workers for the first driver (see enable_for_run)
+PRESTART_FLAG = "RAY_prestart_worker_first_driver"
 
 
 def requested() -> bool:
@@ -86,6 +88,10 @@ def enable_for_run(config) -> bool:
         raise STAPOConfigError(f"{ENV_FLAG}=1 runs verl on the CPU: it needs trainer.device=cpu (got {device!r})")
     os.environ[ENV_FLAG] = "1"
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}", "1", force_add=True)
+    # read by the raylet this driver starts (a cluster already running keeps its own setting): Ray starts idle
+    # Python workers when the first driver connects, which none of verl's actors takes (their runtime env is
+    # another one): seconds of CPU each on a CPU run's cores at start-up (BENCHMARKS.md, "idle workers")
+    os.environ.setdefault(PRESTART_FLAG, "0")
     if config.get("actor_rollout_ref", {}).get("rollout", {}).get("name") == ROLLOUT_NAME:
         # the driver's own value (main_stapo sets "1" unless the environment says otherwise: 0 turns it off)
         hide = os.environ.get(HIDE_VLLM_FLAG, "1")
