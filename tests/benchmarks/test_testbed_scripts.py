@@ -215,6 +215,41 @@ def test_startup_before_tree_runs_that_checkout_s_code_and_the_after_side_this_o
     assert env == {FLAG: "1", "PYTHONPATH": f"{tmp_path}{os.pathsep}/elsewhere"} and cwd == tmp_path
     assert side_settings("after", tmp_path) == ({FLAG: "1"}, None)  # vLLM hidden on both sides
     assert side_settings("kept", None) == ({FLAG: "0"}, None) and side_settings("hidden", None) == ({FLAG: "1"}, None)
+    # --as-user: the flag in neither environment, the recipe decides as for a user
+    assert side_settings("before", tmp_path, as_user=True) == ({"PYTHONPATH": f"{tmp_path}{os.pathsep}/elsewhere"},
+                                                               tmp_path)
+    assert side_settings("after", tmp_path, as_user=True) == ({}, None)
+
+
+def test_the_start_up_benchmark_counts_the_cpu_of_the_whole_process_tree():
+    """A real parent with two children: each one's CPU counted once, sampled while they run."""
+    import subprocess
+    import sys
+    import time
+
+    from benchmarks.startup import TreeCPU
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys\n"
+        f"kids = [subprocess.Popen([sys.executable, '-c', {spin!r}]) for _ in range(2)]\n"
+        "[kid.wait() for kid in kids]")])
+    tree = TreeCPU()
+    tree.root = parent.pid
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            tree.sample()
+            if sum(cpu for pid, (cpu, _) in tree.seen.items() if pid != parent.pid) >= 1.2:
+                break
+            time.sleep(0.2)
+    finally:
+        subprocess.run(["pkill", "-P", str(parent.pid)], check=False)
+        parent.kill()
+        parent.wait()
+    totals = tree.totals()
+    assert totals["processes"] == 3 and totals["idle_workers"] == 0, tree.seen
+    assert 1.2 <= totals["cpu_s"] < 10, tree.seen  # two children's 0.6 s of spinning each, the parent's start-up
 
 
 def test_the_lazy_registration_start_up_figures_are_what_benchmarks_md_quotes():
@@ -233,3 +268,22 @@ def test_the_lazy_registration_start_up_figures_are_what_benchmarks_md_quotes():
     gaps = [b - a for b, a in zip(before["first_step_s"], after["first_step_s"], strict=True)]  # pair by pair
     assert all(8.5 <= gap < 10 for gap in gaps)
     assert f"({gaps[0]:.1f} and {gaps[1]:.1f} s)" in flat  # "about 9 s less to the first step in each pair"
+
+
+def test_the_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quotes():
+    from benchmarks.startup import summary as startup_summary
+
+    recorded = json.loads((REPO / "benchmarks" / "startup_runs" / "2026-11-27-driver-hide-prestart.json").read_text())
+    assert recorded["command"].endswith("--as-user") and all("cpu_s" in run for run in recorded["runs"])
+    found = startup_summary(recorded["runs"], ("before", "after"))
+    assert found == recorded["summary"] and found["identical_logged_values"]
+    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    before, after = found["before"], found["after"]
+    for label, key in (("CPU of the whole process tree, s", "cpu_s"), ("Ray workers idle at the end", "idle_workers"),
+                       ("command to verl's first step line, s", "first_step_s")):
+        row = f"| {label} | {', '.join(map(str, before[key]))} | {', '.join(map(str, after[key]))} |"
+        assert row in flat, row
+    assert f"the {found['logged_values_a_run']} values each run logged" in flat
+    assert min(before["idle_workers"]) > max(after["idle_workers"])  # "fall from 3 to 1 in both pairs"
+    loads = [load for side in (before, after) for load in side["load_before"]]
+    assert f"load average {min(loads):.1f}-{max(loads):.1f}" in flat
