@@ -287,3 +287,32 @@ def test_the_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quotes()
     assert min(before["idle_workers"]) > max(after["idle_workers"])  # "fall from 3 to 1 in both pairs"
     loads = [load for side in (before, after) for load in side["load_before"]]
     assert f"load average {min(loads):.1f}-{max(loads):.1f}" in flat
+
+
+def test_the_idle_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quotes():
+    from benchmarks.startup import summary as startup_summary
+
+    name = "2026-11-27-driver-hide-prestart-idle.json"
+    recorded = json.loads((REPO / "benchmarks" / "startup_runs" / name).read_text())
+    assert recorded["command"].endswith("--as-user")
+    found = startup_summary(recorded["runs"], ("before", "after"))
+    assert found == recorded["summary"] and found["identical_logged_values"]
+    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    assert name in flat
+    before, after = found["before"], found["after"]
+    for label, key in (("CPU of the whole process tree, s", "cpu_s"), ("Ray workers idle at the end", "idle_workers"),
+                       ("command to verl's first step line, s", "first_step_s"), ("command to exit, s", "wall_s")):
+        row = f"| {label} | {', '.join(map(str, before[key]))} | {', '.join(map(str, after[key]))} |"
+        assert row in flat, row
+    processes = [[run["processes"] for run in recorded["runs"] if run["side"] == side]
+                 for side in ("before", "after")]
+    counts = [", ".join(map(str, side)) for side in processes]
+    assert f"| processes in the tree | {counts[0]} | {counts[1]} |" in flat
+    # pairs in the order before, after, after, before: pair 1 is runs 0 and 1, pair 2 runs 3 and 2
+    runs = recorded["runs"]
+    cpu_gaps = [runs[0]["cpu_s"] - runs[1]["cpu_s"], runs[3]["cpu_s"] - runs[2]["cpu_s"]]
+    step_gaps = [runs[0]["first_step_s"] - runs[1]["first_step_s"], runs[3]["first_step_s"] - runs[2]["first_step_s"]]
+    assert f"({cpu_gaps[0]:.1f} and {cpu_gaps[1]:.1f} s)" in flat
+    assert f"fell by {step_gaps[0]:.1f} s in the first pair and {step_gaps[1]:.1f} s in the second" in flat
+    loads = [load for side in (before, after) for load in side["load_before"]]
+    assert f"load average {min(loads):.1f}-{max(loads):.1f}" in flat
