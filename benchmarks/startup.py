@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.testbed_timings import logged_values
-from stapo.runs.process import run_recipe_process
+from stapo.runs.process import process_tree, run_recipe_process
 
 FLAG = "STAPO_HIDE_VLLM"
 OVERRIDES = ["model_preset=tiny", "algo=stapo", "trainer.total_training_steps=2", "trainer.save_freq=-1",
@@ -58,12 +58,7 @@ class TreeCPU:
     def sample(self) -> None:
         if self.root is None:
             return
-        try:
-            root = psutil.Process(self.root)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for proc in procs:
+        for proc in process_tree(self.root):
             try:
                 times, name = proc.cpu_times(), " ".join(proc.cmdline())[:60] or proc.name()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -37,19 +37,23 @@ def recipe_command(overrides: list[str]) -> list[str]:
     return [sys.executable, "-m", RECIPE, *overrides]
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (none once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def process_tree_rss(pid: int) -> int:
     """Memory of a process and all its descendants, in bytes (0 once it is gone).
 
     Proportional set size where the OS reports it (pages shared between Ray's processes, such as
     the object store and the libraries, count once in total), else resident set size.
     """
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
     total = 0
-    for proc in procs:
+    for proc in process_tree(pid):
         try:
             total += getattr(proc.memory_full_info(), "pss", None) or proc.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
