@@ -33,7 +33,6 @@ SHARED_RUNS = "shared-runs"
 # the modules whose tests read a shared run: they run on one worker, so each run starts once
 SHARED_RUN_MODULES = frozenset({
     "tests/bench/test_algos_train.py",
-    "tests/e2e/test_faults.py",
     "tests/e2e/test_paired.py",
     "tests/e2e/test_reproducible.py",
     "tests/e2e/test_trainer_cpu.py",

@@ -90,8 +90,6 @@ def stapo_run(tmp_path_factory) -> SharedRun:
     Users, and what each used to launch on its own:
     - tests/e2e/test_trainer_cpu.py::test_stapo_trains_and_checkpoints (the same run, 2 steps, no dump)
     - tests/export/test_export_e2e.py, all tests (the same 2-step run, exported)
-    - tests/e2e/test_faults.py::test_sigkilled_run_resumes... as the uninterrupted reference (4 steps,
-      dump, no checkpoint, no run folder): it is now exactly the killed run's configuration
     - tests/e2e/test_reproducible.py::test_grpo_and_stapo_see_identical_first_rollouts (2 steps, dump)
     - tests/bench/test_algos_train.py, the masked_clip objective with the S2T mask folded
     """

@@ -6,55 +6,83 @@ that vLLM loads itself), the project's seeded agent loop sends per-request seeds
 update the FSDP actor's weights go to vLLM through verl's checkpoint engine (``naive`` backend,
 shared memory). Nothing is stood in for.
 
-What the runs prove:
+One run of 4 steps with a checkpoint every 2 is SIGKILLed once step 3 is logged (the driver's whole
+process group: driver, Ray, the vLLM server, as an OOM killer or a lost node would, no clean-up), then
+started again with ``trainer.resume_mode=auto``. What the two runs prove:
 - the weights reach vLLM after each update: verl compares, token by token, the probability vLLM
   sampled each response token with and the one the actor recomputes for the same token
   (``training/rollout_probs_diff_max``); they agree to ~1e-6 (vLLM's CPU GEMM and attention against
   torch's, both fp32) at every step. The tiny preset's learning rate (1e-3, Adam) moves token
   probabilities by ~1e-2 an update, so a rollout left on old weights would differ by orders of
   magnitude more than the 1e-4 allowed;
-- the per-request seeds reach vLLM and the weights a resumed run sends are the checkpoint's: a run
-  resumed from the step-2 checkpoint samples exactly the responses of the uninterrupted run at
-  step 3, with the same rewards. (The resumed step lists its prompts in another order, as on the HF
-  rollout: verl's data loader restores which prompts a step gets, not their order within the batch,
-  so the update's sums run in another order; tests/e2e/test_faults.py compares sorted prompts too.)
+- a run killed without clean-up resumes: from the step-2 checkpoint (step 3, the one step after it,
+  runs again), with the prompts verl's data loader restores, the per-request seeds and the weights the
+  checkpoint holds: the resumed step 3 samples exactly the responses, with the same rewards, that the
+  killed run sampled at its step 3. (The resumed step lists its prompts in another order: verl's data
+  loader restores which prompts a step gets, not their order within the batch, so the comparison is of
+  sorted samples.) The run folder keeps both runs' metrics, merged by ``stapo plot``.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from tests.e2e.shared_runs import RUN_TIMEOUT_S, SharedRun, launch
+from stapo.rundir import metric_segments, read_metrics
+from tests.e2e.cpu_runs import Run, run_recipe
+from tests.e2e.shared_runs import RUN_TIMEOUT_S, launch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2 * RUN_TIMEOUT_S + 120)]
 
 VLLM = [
     "algo=stapo",
     "actor_rollout_ref.rollout.name=vllm",
-    "trainer.total_training_steps=3",
+    "trainer.total_training_steps=4",
     "trainer.save_freq=2",
 ]
 # vLLM's CPU kernels against torch's, fp32: measured 1.1e-6 to 1.3e-6 (tiny), 4e-6 to 2e-5 (testbed)
 PROB_TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory) -> SharedRun:
-    return launch(tmp_path_factory.mktemp("vllm"), VLLM, run_dir=True, rollouts=True)
+@dataclass
+class KilledAndResumed:
+    killed: Run
+    checkpoint_after_kill: str  # latest_checkpointed_iteration.txt as the kill left it
+    resumed: Run
+    ckpt: Path
+    run_dir: Path
+    killed_rollouts: Path
+    resumed_rollouts: Path
+
+
+def _kill_at_step(step: int):
+    """An ``on_line`` callback that SIGKILLs the driver's whole process group when ``step`` is logged."""
+
+    def on_line(line, proc):
+        if f"step:{step} -" in line and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    return on_line
 
 
 @pytest.fixture(scope="module")
-def resumed_run(vllm_run, tmp_path_factory) -> SharedRun:
-    """The same config, started on a copy of the step-2 checkpoint: it runs step 3 only."""
-    root = tmp_path_factory.mktemp("vllm-resumed")
-    ckpt = root / "ckpt"
-    ckpt.mkdir()
-    shutil.copytree(vllm_run.ckpt / "global_step_2", ckpt / "global_step_2")
-    (ckpt / "latest_checkpointed_iteration.txt").write_text("2")
-    return launch(root, VLLM, rollouts=True)
+def vllm_runs(tmp_path_factory) -> KilledAndResumed:
+    root = tmp_path_factory.mktemp("vllm")
+    ckpt, run_dir = root / "ckpt", root / "run"
+    killed_rollouts, resumed_rollouts = root / "rollouts-killed", root / "rollouts-resumed"
+    overrides = [*VLLM, f"stapo.run_dir={run_dir}"]
+    killed = run_recipe([*overrides, f"trainer.rollout_data_dir={killed_rollouts}"], ckpt, timeout=RUN_TIMEOUT_S,
+                        on_line=_kill_at_step(3))
+    latest = ckpt / "latest_checkpointed_iteration.txt"
+    after_kill = latest.read_text().strip() if latest.exists() else ""
+    resumed = run_recipe([*overrides, f"trainer.rollout_data_dir={resumed_rollouts}", "trainer.resume_mode=auto"],
+                         ckpt, timeout=RUN_TIMEOUT_S)
+    return KilledAndResumed(killed, after_kill, resumed, ckpt, run_dir, killed_rollouts, resumed_rollouts)
 
 
 def _rollouts(folder, step: int) -> list[tuple]:
@@ -64,29 +92,41 @@ def _rollouts(folder, step: int) -> list[tuple]:
     return sorted((row["input"], row["output"], row["score"]) for row in rows)
 
 
-def test_stapo_trains_on_verls_vllm_rollout_and_the_weights_reach_vllm_every_step(vllm_run):
-    run = vllm_run.run
-    assert run.returncode == 0, vllm_run.tail()
-    assert "vLLMHttpServer" in run.log  # verl's own server actor, not the HF-generate one
-    assert sorted(run.steps) == [1, 2, 3]
-    for step, metrics in run.steps.items():
+def test_stapo_trains_on_verls_vllm_rollout_and_the_weights_reach_vllm_every_step(vllm_runs):
+    killed, resumed = vllm_runs.killed, vllm_runs.resumed
+    assert resumed.returncode == 0, resumed.log[-6000:]
+    assert "vLLMHttpServer" in killed.log and "vLLMHttpServer" in resumed.log  # verl's own server, not the HF one
+    steps = [(1, killed), (2, killed), (3, killed), (3, resumed), (4, resumed)]
+    for step, run in steps:
+        metrics = run.steps[step]
         assert 0 <= metrics["training/rollout_probs_diff_max"] < PROB_TOLERANCE, (step, metrics)
         assert metrics["training/rollout_probs_diff_valid"] == 1.0
         assert "actor/stapo/mask_ratio" in metrics and "actor/pg_loss" in metrics
-    assert (vllm_run.ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert (vllm_runs.ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     # n = 8 samples a prompt, each with its own seed: a group is not 8 copies of one sample
-    outputs = [output for _, output, _ in _rollouts(vllm_run.rollouts, 1)]
+    outputs = [output for _, output, _ in _rollouts(vllm_runs.killed_rollouts, 1)]
     assert len(set(outputs)) > len(outputs) // 8
 
 
-def test_a_run_resumed_from_its_checkpoint_samples_the_same_responses_on_vllm(vllm_run, resumed_run):
-    assert vllm_run.run.returncode == 0, vllm_run.tail()
-    assert resumed_run.run.returncode == 0, resumed_run.tail()
-    assert "global_step_2" in resumed_run.run.log  # loaded the step-2 checkpoint
-    assert sorted(resumed_run.steps) == [3]
-    assert _rollouts(resumed_run.rollouts, 3) == _rollouts(vllm_run.rollouts, 3)
+def test_a_sigkilled_run_resumes_from_its_checkpoint_and_samples_the_same_responses(vllm_runs):
+    killed, resumed = vllm_runs.killed, vllm_runs.resumed
+    assert killed.returncode == -signal.SIGKILL, killed.log[-4000:]
+    assert sorted(killed.steps) == [1, 2, 3]
+    # save_freq=2: the last checkpoint is step 2, so step 3 is the one step lost to the kill
+    assert vllm_runs.checkpoint_after_kill == "2"
+    assert resumed.returncode == 0, resumed.log[-4000:]
+    assert sorted(resumed.steps) == [3, 4]  # step 3 again (after the checkpoint), nothing before it
+    assert "global_step_2" in resumed.log  # loaded from the step-2 checkpoint
+    # the same prompts, responses and rewards at step 3 as before the kill: data order, seeds and weights restored
+    assert _rollouts(vllm_runs.resumed_rollouts, 3) == _rollouts(vllm_runs.killed_rollouts, 3)
     for key in ("critic/score/mean", "response_length/mean"):
-        assert resumed_run.steps[3][key] == vllm_run.steps[3][key], key
+        assert resumed.steps[3][key] == killed.steps[3][key], key
+    # nothing lost from the run folder: both segments are kept and merge into steps 1..4
+    assert [p.name for p in metric_segments(vllm_runs.run_dir)] == ["metrics.prev-1.jsonl", "metrics.jsonl"]
+    merged = read_metrics(vllm_runs.run_dir)
+    assert sorted(merged) == [1, 2, 3, 4]
+    assert merged[3]["actor/pg_loss"] == resumed.steps[3]["actor/pg_loss"]  # the repeated step's later values
+    assert merged[1]["actor/pg_loss"] == killed.steps[1]["actor/pg_loss"]
 
 
 def test_a_rollout_that_stops_taking_weights_fails_the_run_within_the_deadline(tmp_path):

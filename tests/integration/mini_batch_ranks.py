@@ -4,10 +4,7 @@ worker stack, which made each rank's start-up seconds longer."""
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 
@@ -32,22 +29,18 @@ def nested(rows):
     return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
 
 
-def fold_on_rank(rank: int, world: int, port: int, mini_batch_size: int, shuffle: bool, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        batch, shard_rows = batch_rows(), ROWS // world
-        start = rank * shard_rows
-        out = {}
-        for name, settings in SETTINGS.items():
-            fields = {key: nested(values[start : start + shard_rows]) for key, values in batch.items()}
-            fields["loss_mask"] = nested([m.clone() for m in batch["response_mask"][start : start + shard_rows]])
-            data = TensorDict(fields, batch_size=shard_rows)
-            tu.assign_non_tensor(data, mini_batch_size=mini_batch_size, epochs=1, seed=3,
-                                 dataloader_kwargs={"shuffle": shuffle})
-            metrics = fold_shard(data, settings, dist.group.WORLD)
-            out[name] = {"response_mask": [t.tolist() for t in data["response_mask"].unbind()],
-                         "loss_mask": [t.tolist() for t in data["loss_mask"].unbind()], "metrics": metrics}
-        results[rank] = out
-    finally:
-        dist.destroy_process_group()
+def fold_on_rank(rank: int, world: int, group, mini_batch_size: int, shuffle: bool) -> dict:
+    """One rank's shard folded per mini-batch for every setting (runs in a spawned gloo rank)."""
+    batch, shard_rows = batch_rows(), ROWS // world
+    start = rank * shard_rows
+    out = {}
+    for name, settings in SETTINGS.items():
+        fields = {key: nested(values[start : start + shard_rows]) for key, values in batch.items()}
+        fields["loss_mask"] = nested([m.clone() for m in batch["response_mask"][start : start + shard_rows]])
+        data = TensorDict(fields, batch_size=shard_rows)
+        tu.assign_non_tensor(data, mini_batch_size=mini_batch_size, epochs=1, seed=3,
+                             dataloader_kwargs={"shuffle": shuffle})
+        metrics = fold_shard(data, settings, group)
+        out[name] = {"response_mask": [t.tolist() for t in data["response_mask"].unbind()],
+                     "loss_mask": [t.tolist() for t in data["loss_mask"].unbind()], "metrics": metrics}
+    return out

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import TrainingWorker
@@ -27,6 +25,7 @@ from verl.workers.engine_workers import TrainingWorker
 from stapo.masks import MaskSettings
 from stapo.validation import STAPOConfigError
 from stapo.verl_plugin.mini_batches import MiniBatchSplit
+from tests.integration.gloo_ranks import run_cases
 from tests.integration.mini_batch_ranks import ROWS, SETTINGS, batch_rows, fold_on_rank
 from tests.reference import REFERENCES
 
@@ -119,12 +118,6 @@ def test_num_mini_batch_and_epochs():
 # --- the fold on real gloo ranks against the loop references --------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def reference_by_mini_batch(batch, settings: MaskSettings, mini_batches: list[list[int]]):
     """Each mini-batch's rows masked on their own by the float64 loop reference: per row the folded masks,
     the counts summed and the thresholds averaged over the mini-batches where they are defined."""
@@ -150,12 +143,20 @@ def reference_by_mini_batch(batch, settings: MaskSettings, mini_batches: list[li
     return folded, counts, means
 
 
+# (ranks, mini-batch size, shuffled)
+RANK_CASES = [(1, 6, True), (2, 12, False), (3, 6, True)]
+
+
+@pytest.fixture(scope="module")
+def folded() -> dict:
+    """Every case's ranks, from one spawn of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
+    return run_cases(fold_on_rank, {case: (case[0], case[1:]) for case in RANK_CASES})
+
+
 @pytest.mark.slow  # starts processes: out of make test-fast
-@pytest.mark.parametrize(("world", "mini_batch_size", "shuffle"), [(1, 6, True), (2, 12, False), (3, 6, True)])
-def test_every_rank_folds_the_mask_of_its_mini_batch(world, mini_batch_size, shuffle):
-    results = mp.Manager().dict()
-    mp.start_processes(fold_on_rank, args=(world, _free_port(), mini_batch_size, shuffle, results), nprocs=world,
-                       start_method="spawn")
+@pytest.mark.parametrize(("world", "mini_batch_size", "shuffle"), RANK_CASES)
+def test_every_rank_folds_the_mask_of_its_mini_batch(folded, world, mini_batch_size, shuffle):
+    results = folded[(world, mini_batch_size, shuffle)]
     batch, shard_rows = batch_rows(), ROWS // world
     mini_batches = [[] for _ in range(ROWS // mini_batch_size)]
     for rank in range(world):

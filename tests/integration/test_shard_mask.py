@@ -13,18 +13,15 @@ candidate, a batch without any candidate (tau_h undefined).
 from __future__ import annotations
 
 import math
-import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from tensordict import TensorDict
 
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
 from stapo.verl_plugin.jagged import TOKEN_WEIGHT
 from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
+from tests.integration.gloo_ranks import run_cases
 from tests.integration.jagged_rows import response_rows
 
 # float sums (and their ratio) whose order of addition differs between the padded and the sharded layout
@@ -89,32 +86,32 @@ def _reference(batch, settings: MaskSettings):
     return folded_response, folded_loss, metrics, built.weight
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _fold(rank: int, world: int, group, no_candidates_in) -> dict:
+    """One rank's shard folded for every setting (runs in a spawned gloo rank)."""
+    batch = _whole_batch(no_candidates_in)
+    start, end = _bounds(len(batch["response_mask"]), world)[rank]
+    out = {}
+    for name, settings in SETTINGS.items():
+        data = _shard(batch, start, end)
+        metrics = fold_shard(data, settings, group)
+        out[name] = {
+            "response_mask": [t.tolist() for t in data["response_mask"].unbind()],
+            "loss_mask": [t.tolist() for t in data["loss_mask"].unbind()],
+            "dtype": str(data["loss_mask"].values().dtype),
+            "metrics": metrics,
+            "weight": [t.tolist() for t in data[TOKEN_WEIGHT].unbind()] if TOKEN_WEIGHT in data.keys() else None,
+        }
+    return out
 
 
-def _worker(rank: int, world: int, port: int, no_candidates_in, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        batch = _whole_batch(no_candidates_in)
-        start, end = _bounds(len(batch["response_mask"]), world)[rank]
-        out = {}
-        for name, settings in SETTINGS.items():
-            data = _shard(batch, start, end)
-            metrics = fold_shard(data, settings, dist.group.WORLD)
-            out[name] = {
-                "response_mask": [t.tolist() for t in data["response_mask"].unbind()],
-                "loss_mask": [t.tolist() for t in data["loss_mask"].unbind()],
-                "dtype": str(data["loss_mask"].values().dtype),
-                "metrics": metrics,
-                "weight": [t.tolist() for t in data[TOKEN_WEIGHT].unbind()] if TOKEN_WEIGHT in data.keys() else None,
-            }
-        results[rank] = out
-    finally:
-        dist.destroy_process_group()
+# (ranks, the part of the batch without candidates): one rank, a rank without candidates, none anywhere
+CASES = [(1, None), (2, 2), (3, 0), (2, "all")]
+
+
+@pytest.fixture(scope="module")
+def folded() -> dict:
+    """Every case's ranks, from one spawn of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
+    return run_cases(_fold, {case: (case[0], (case[1],)) for case in CASES})
 
 
 def _same(got: float, want: float, key: str) -> bool:
@@ -124,13 +121,9 @@ def _same(got: float, want: float, key: str) -> bool:
 
 
 @pytest.mark.slow  # starts processes: out of make test-fast
-@pytest.mark.parametrize(("world", "no_candidates_in"), [(1, None), (2, 2), (3, 0), (2, "all")])
-def test_every_rank_folds_its_rows_of_the_whole_batch_mask(world, no_candidates_in):
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.start_processes(
-        _worker, args=(world, _free_port(), no_candidates_in, results), nprocs=world, start_method="spawn"
-    )
+@pytest.mark.parametrize(("world", "no_candidates_in"), CASES)
+def test_every_rank_folds_its_rows_of_the_whole_batch_mask(folded, world, no_candidates_in):
+    results = folded[(world, no_candidates_in)]
     batch = _whole_batch(no_candidates_in)
     rows = len(batch["response_mask"])
     for name, settings in SETTINGS.items():
