@@ -9,7 +9,9 @@ each started their own cluster before.
 
 ``two_node_job``: the tiny STAPO job on two nodes (trainer.nnodes=2 trainer.n_gpus_per_node=1, 2 steps,
 checkpoint at step 2 on the shared directory) on verl's vLLM rollout (vLLM's CPU build, one replica a
-node, as a GPU job runs), submitted once through `stapo doctor --smoke`, which
+node, as a GPU job runs), with the paper-literal detection (``policy_loss.source=current``: the entropy of
+the update's own forward, tau_h over both DP ranks, one on each node), submitted once through
+`stapo doctor --smoke`, which
 submits it with launch/ray/submit.sh and waits for it. Both test_cluster.py (the submit.sh job and its
 checkpoint) and test_smoke_cluster.py (the smoke report) read it; each submitted the same job before.
 """
@@ -26,7 +28,14 @@ from pathlib import Path
 
 import pytest
 
+from stapo.runs.progress import parse_steps
 from tests.launch.local_cluster import smoke, start_cluster
+
+# detection inside the update (the paper's literal reading) rather than from the old pass
+SOURCE_CURRENT = (
+    "actor_rollout_ref.actor.policy_loss.source=current",
+    "actor_rollout_ref.actor.calculate_entropy=true",
+)
 
 
 @pytest.fixture(scope="package")
@@ -58,13 +67,18 @@ class TwoNodeJob:
     ckpt: Path
     seconds: float
 
+    @property
+    def steps(self) -> dict[int, dict[str, float]]:
+        """The metrics of each step the job's console logged."""
+        return parse_steps(self.log)
+
 
 @pytest.fixture(scope="package")
 def two_node_job(cluster) -> TwoNodeJob:
     ckpt = cluster.shared / "job-ckpt"
     started = time.monotonic()
     result = smoke(cluster, "algo=stapo", "trainer.save_freq=2", f"trainer.default_local_dir={ckpt}",
-                   "actor_rollout_ref.rollout.name=vllm")
+                   "actor_rollout_ref.rollout.name=vllm", *SOURCE_CURRENT)
     seconds = time.monotonic() - started
     report, job_id, log = None, None, ""
     try:
@@ -77,5 +91,6 @@ def two_node_job(cluster) -> TwoNodeJob:
         job_id = head.removeprefix("job ")
         if Path(path).is_file():
             log = Path(path).read_text(errors="replace")
-    print(f"[launch] tiny STAPO job on vLLM, 2 nodes x 1 slot, 2 steps, submitted with submit.sh: {seconds:.0f} s")
+    print(f"[launch] tiny STAPO job on vLLM, source=current, 2 nodes x 1 slot, 2 steps, submitted with submit.sh: "
+          f"{seconds:.0f} s")
     return TwoNodeJob(result, report, job_id, log, ckpt, seconds)

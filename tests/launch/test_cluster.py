@@ -12,6 +12,7 @@ people run Ray on the same machine).
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -119,6 +120,29 @@ def test_tiny_stapo_job_on_two_nodes_through_submit_sh(cluster, two_node_job):
         "model_world_size_2_rank_0.pt",
         "model_world_size_2_rank_1.pt",
     }
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1000)
+def test_source_current_detects_inside_the_update_across_the_two_ranks(two_node_job):
+    """The job's ``policy_loss.source=current``: entropy from the update forward, tau_h over both DP ranks (one
+    a node), the step's totals summed over them."""
+    assert two_node_job.result.returncode == 0, two_node_job.log[-8000:]
+    assert two_node_job.steps.keys() >= {1, 2}, two_node_job.log[-8000:]
+    metrics = [two_node_job.steps[s] for s in (1, 2)]
+    for m in metrics:
+        # step totals (whole numbers), ratios of those totals, thresholds defined wherever candidates exist
+        responses = 4 * 8  # data.train_batch_size x rollout.n of the tiny preset
+        assert m["actor/stapo/num_response_tokens"] == pytest.approx(m["response_length/mean"] * responses), m
+        assert m["actor/stapo/num_spurious"] == int(m["actor/stapo/num_spurious"])
+        assert m["actor/stapo/mask_ratio"] == pytest.approx(
+            m["actor/stapo/num_spurious"] / m["actor/stapo/num_response_tokens"], rel=1e-6)
+        assert m["actor/stapo/num_candidates"] >= m["actor/stapo/num_spurious"]
+        assert m["actor/stapo/num_candidates"] == 0 or math.isfinite(m["actor/stapo/tau_h"]), m
+        assert math.isfinite(m["actor/stapo/entropy_p50"]), m
+        # source=current does not fold: verl divides by every response token
+        assert m["actor/stapo/loss_tokens"] == m["actor/stapo/num_response_tokens"], m
+    assert any(m["actor/stapo/num_spurious"] > 0 for m in metrics), metrics
 
 
 def _ctrl_c_as_in_a_terminal() -> None:
