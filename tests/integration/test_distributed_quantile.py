@@ -1,7 +1,7 @@
 """The DP-global thresholds over real gloo process groups equal the single-process ones.
 
 Each rank holds a different random shard (one rank with no candidate at all); for every entry of
-the token-mask registry, the mask every rank builds with ``group=WORLD`` must equal, shard for
+the token-mask registry, the mask every rank builds with its group (1, 2 or 3 ranks) must equal, shard for
 shard, the mask of the concatenated batch built in one process (and the loop reference); every
 statistic (tau_h, the 20-Entropy threshold, the quadrant split, the entropy percentiles) must equal
 the loop reference's over all ranks' tokens, on every rank.
@@ -11,30 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import socket
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from stapo.masks import TOKEN_MASK_REGISTRY, MaskInputs, MaskSettings, build_token_mask, high_entropy_keep
 from stapo.quantile import global_quantile, group_masked_quantiles
 from stapo.s2t import detect_spurious
+from tests.integration.gloo_ranks import run_cases
 from tests.reference import REFERENCES
 from tests.unit.test_s2t import random_batch
 
 GLOBAL_COUNTS = ("num_candidates",)
 QS = (0.0, 0.1, 0.5, 0.9, 1.0)
 SMALL_LIMIT = 37  # group_masked_quantiles' sample limit, far below the shards' positions
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _shard(rank: int):
@@ -44,30 +35,35 @@ def _shard(rank: int):
     return log_prob, entropy, advantages, response_mask
 
 
-def _worker(rank: int, world: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        log_prob, entropy, advantages, response_mask = _shard(rank)
-        detection = detect_spurious(log_prob, entropy, advantages, response_mask, group=dist.group.WORLD)
-        keep, _ = high_entropy_keep(entropy, response_mask, 0.2, group=dist.group.WORLD)
-        values = torch.randn(rank * 50, generator=torch.Generator().manual_seed(rank))  # rank 0: empty
-        masks = {}
-        for name in sorted(TOKEN_MASK_REGISTRY):
-            inputs = MaskInputs(response_mask, advantages, log_prob, entropy, dist.group.WORLD)
-            built = build_token_mask(inputs, MaskSettings(token_mask=name))
-            masks[name] = (built.drop_response.tolist(), built.drop_count.tolist(), built.counts, built.stats)
-        results[rank] = {
-            "spurious": detection.spurious.tolist(),
-            "tau_h": detection.tau_h,
-            "num_candidates": detection.num_candidates,
-            "keep": keep.tolist(),
-            "q": global_quantile(values, 0.3, dist.group.WORLD),
-            "sampled": group_masked_quantiles(entropy, response_mask, QS, dist.group.WORLD, max_exact=SMALL_LIMIT),
-            "masks": masks,
-        }
-    finally:
-        dist.destroy_process_group()
+def _on_rank(rank: int, world: int, group) -> dict:
+    """Everything the test compares, on one rank of ``group`` (runs in a spawned gloo rank)."""
+    log_prob, entropy, advantages, response_mask = _shard(rank)
+    detection = detect_spurious(log_prob, entropy, advantages, response_mask, group=group)
+    keep, _ = high_entropy_keep(entropy, response_mask, 0.2, group=group)
+    values = torch.randn(rank * 50, generator=torch.Generator().manual_seed(rank))  # rank 0: empty
+    masks = {}
+    for name in sorted(TOKEN_MASK_REGISTRY):
+        inputs = MaskInputs(response_mask, advantages, log_prob, entropy, group)
+        built = build_token_mask(inputs, MaskSettings(token_mask=name))
+        masks[name] = (built.drop_response.tolist(), built.drop_count.tolist(), built.counts, built.stats)
+    return {
+        "spurious": detection.spurious.tolist(),
+        "tau_h": detection.tau_h,
+        "num_candidates": detection.num_candidates,
+        "keep": keep.tolist(),
+        "q": global_quantile(values, 0.3, group),
+        "sampled": group_masked_quantiles(entropy, response_mask, QS, group, max_exact=SMALL_LIMIT),
+        "masks": masks,
+    }
+
+
+WORLDS = (1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def on_ranks() -> dict:
+    """Each group size's ranks, from one spawn of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
+    return run_cases(_on_rank, {world: (world, ()) for world in WORLDS})
 
 
 def _pad_cat(tensors):
@@ -76,11 +72,9 @@ def _pad_cat(tensors):
 
 
 @pytest.mark.slow  # starts processes: out of make test-fast
-@pytest.mark.parametrize("world", [1, 2, 3])
-def test_global_threshold_equals_single_process(world):
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.start_processes(_worker, args=(world, _free_port(), results), nprocs=world, start_method="spawn")
+@pytest.mark.parametrize("world", WORLDS)
+def test_global_threshold_equals_single_process(on_ranks, world):
+    results = on_ranks[world]
     shards = [_shard(rank) for rank in range(world)]
     log_prob, entropy, advantages, response_mask = (_pad_cat([s[k] for s in shards]) for k in range(4))
     single = detect_spurious(log_prob, entropy, advantages, response_mask)
