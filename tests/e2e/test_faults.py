@@ -51,6 +51,7 @@ def test_a_killed_actor_worker_fails_the_job_with_a_clear_error_instead_of_hangi
     assert PAPER_VALUES[VERL_LOSS_ALGO]["actor_rollout_ref.actor.policy_loss.loss_mode"] != "masked_clip"
     killed: list = []
     run = run_recipe(
+        # the last of two values wins (Hydra): 20 steps, so the job is still running when its worker dies
         [f"algo={VERL_LOSS_ALGO}", *SMALLEST, "trainer.total_training_steps=20"],
         tmp_path / "ckpt",
         timeout=600,
