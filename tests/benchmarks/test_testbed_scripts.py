@@ -205,6 +205,13 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (f"pytest {before['wall_s']:,.0f} s at 867dd43, then {after['wall_s']:,.0f} s ({after['wall_s'] / 60:.1f} "
             f"min, {after['tests'] - after['skipped']} passed, {after['skipped']} skipped") in readme
+    cut = json.loads((REPO / "benchmarks" / "suite_runs" / "2026-11-27-fewer-launches.json").read_text())
+    assert cut["before-4b8131d"] == after  # the same junit, read again
+    now = cut["after-bdba859"]
+    assert now["failures"] == 0
+    assert (f"at bdba859 on the same machine: pytest {now['wall_s']:,.0f} s ({now['wall_s'] / 60:.1f} min, "
+            f"{now['tests'] - now['skipped']} passed, {now['skipped']} skipped), {now['worker_s']:,.0f} s of worker "
+            f"time against {after['worker_s']:,.0f} s") in readme
 
 
 def test_startup_before_tree_runs_that_checkout_s_code_and_the_after_side_this_one(tmp_path, monkeypatch):
