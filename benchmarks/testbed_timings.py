@@ -48,7 +48,8 @@ def summary(run: dict) -> dict:
     later = [s for s in steps if int(s) >= 2]
     medians = {p: statistics.median(steps[s]["timing_s"][p] for s in later) for p in PHASES}
     testing = {int(s): v["timing_s"]["testing"] for s, v in steps.items() if "testing" in v["timing_s"]}
-    in_steps = sum(v["timing_s"]["step"] + v["timing_s"].get("testing", 0.0) for v in steps.values())
+    # step 0 (a validation before training) logs no step time
+    in_steps = sum(v["timing_s"].get("step", 0.0) + v["timing_s"].get("testing", 0.0) for v in steps.values())
     return {"median_s": medians, "testing_s": testing, "wall_s": run["wall_s"],
             "outside_steps_s": None if run["wall_s"] is None else run["wall_s"] - in_steps}
 

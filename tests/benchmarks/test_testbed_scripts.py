@@ -323,3 +323,40 @@ def test_the_idle_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quo
     assert f"fell by {step_gaps[0]:.1f} s in the first pair and {step_gaps[1]:.1f} s in the second" in flat
     loads = [load for side in (before, after) for load in side["load_before"]]
     assert f"load average {min(loads):.1f}-{max(loads):.1f}" in flat
+
+
+def test_the_make_demo_table_is_recomputed_from_its_files():
+    """BENCHMARKS.md, "make demo timed again": every figure of its table from the two JSON files."""
+    import statistics
+
+    from benchmarks.testbed_timings import summary
+
+    folder = REPO / "benchmarks" / "testbed_runs"
+    run = json.loads((folder / "2026-11-27-make-demo.json").read_text())["make-demo"]
+    work = json.loads((folder / "2026-11-27-make-demo-model-work.json").read_text())
+    found = summary(run)
+    steps = run["steps"]
+    step_sum = sum(v["timing_s"]["step"] for v in steps.values() if "step" in v["timing_s"])
+    testing = list(found["testing_s"].values())
+    assert len(testing) == 10 and sorted(int(s) for s in steps if "step" in steps[s]["timing_s"]) == list(
+        range(1, 101))
+    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    for label, value, fmt in (
+        ("command to exit (`time`)", found["wall_s"], ",.1f"),
+        ("100 steps (`timing_s/step`, summed)", step_sum, ".1f"),
+        ("10 validations during training (`timing_s/testing`)", sum(testing), ".1f"),
+        ("the rest: start-up, validation before training, plots, shut-down", found["outside_steps_s"], ".1f"),
+        ("median step (steps 2-100)", found["median_s"]["step"], ".2f"),
+        ("median validation", statistics.median(testing), ".1f"),
+        ("model work of a step (8 x 8 decoded as one batch, then forward + backward + GainAdamW)",
+         work["step_model_work_s"], ".2f"),
+        ("decode of a validation's 64 x 8", work["decode_validation_s"], ".2f"),
+    ):
+        assert f"| {label} | {value:{fmt}} |" in flat, label
+    ratio_step = found["median_s"]["step"] / work["step_model_work_s"]
+    ratio_val = statistics.median(testing) / work["decode_validation_s"]
+    assert f"a step is {ratio_step:.1f}x its model work" in flat
+    assert f"a validation {ratio_val:.1f}x its decode" in flat
+    assert f"`make demo` takes {found['wall_s'] / 60:.1f} min here" in flat
+    shares = f"the steps are {step_sum / found['wall_s']:.0%} of it and the ten validations"
+    assert shares in flat.replace(" %", "%") and f"{sum(testing) / found['wall_s']:.0%}" in flat.replace(" %", "%")
