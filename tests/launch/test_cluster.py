@@ -135,8 +135,8 @@ def test_source_current_detects_inside_the_update_across_the_two_ranks(two_node_
         responses = 4 * 8  # data.train_batch_size x rollout.n of the tiny preset
         assert m["actor/stapo/num_response_tokens"] == pytest.approx(m["response_length/mean"] * responses), m
         assert m["actor/stapo/num_spurious"] == int(m["actor/stapo/num_spurious"])
-        assert m["actor/stapo/mask_ratio"] == pytest.approx(
-            m["actor/stapo/num_spurious"] / m["actor/stapo/num_response_tokens"], rel=1e-6)
+        # verl's console prints each value's repr: the parsed floats are the logged ones, bit for bit
+        assert m["actor/stapo/mask_ratio"] == m["actor/stapo/num_spurious"] / m["actor/stapo/num_response_tokens"]
         assert m["actor/stapo/num_candidates"] >= m["actor/stapo/num_spurious"]
         assert m["actor/stapo/num_candidates"] == 0 or math.isfinite(m["actor/stapo/tau_h"]), m
         assert math.isfinite(m["actor/stapo/entropy_p50"]), m

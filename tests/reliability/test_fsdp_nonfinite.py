@@ -13,12 +13,13 @@ regression into a failure instead of a hang.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from tests.integration.gloo_ranks import free_port
 
 # no verl import here: spawned ranks re-import this module and must select the CPU platform first
 
@@ -26,11 +27,6 @@ WORLD = 2
 HANG_GUARD_S = 240  # a healthy run takes seconds after the imports; a deadlock never ends
 VOCAB, DIM, PROMPT = 11, 8, 3
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class TinyLM(torch.nn.Module):
@@ -135,7 +131,7 @@ def _worker(rank: int, port: int, results) -> None:
 
 def _run_with_hang_guard() -> dict:
     results = mp.Manager().dict()
-    context = mp.start_processes(_worker, args=(_free_port(), results), nprocs=WORLD, start_method="spawn", join=False)
+    context = mp.start_processes(_worker, args=(free_port(), results), nprocs=WORLD, start_method="spawn", join=False)
     deadline = time.monotonic() + HANG_GUARD_S
     while not context.join(timeout=5):
         if time.monotonic() > deadline:

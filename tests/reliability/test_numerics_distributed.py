@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import socket
 
 import pytest
 import torch
@@ -20,16 +19,12 @@ import torch.multiprocessing as mp
 
 from stapo.masks import MaskSettings
 from stapo.verl_plugin.losses import REFUSED_METRIC
+from tests.integration.gloo_ranks import free_port
 from tests.reference import REFERENCES, reference_clipped_token_loss, reference_spurious
 from tests.reliability.test_numerics import NAN, PROMPT, TAU_P, Q, batch
 
 WORLD = 2
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _shard(rank: int):
@@ -73,7 +68,7 @@ def two_ranks():
 
     config = actor_config(token_mask="stapo", source="current")  # composed once, here, not in every rank
     results = mp.Manager().dict()
-    mp.start_processes(_worker, args=(_free_port(), config, results), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_worker, args=(free_port(), config, results), nprocs=WORLD, start_method="spawn")
     shards = [_shard(rank) for rank in range(WORLD)]
     old, new, entropy, advantages, mask = (torch.cat([s[k] for s in shards]) for k in range(5))
     entropy = entropy.float().double()  # verl hands the model's entropy over as float32
