@@ -32,6 +32,7 @@ REGISTRY = {
     "entropy": "benchmarks.entropy",
     "e2e": "benchmarks.e2e_step",
     "rollout": "benchmarks.rollout_group",
+    "valboot": "benchmarks.val_bootstrap",
 }
 NAMES = tuple(REGISTRY)
 NOTES_MARK = "<!-- notes: written by hand below this line -->"

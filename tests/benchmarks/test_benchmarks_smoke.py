@@ -103,3 +103,15 @@ def test_cli_writes_only_its_sections_and_keeps_the_hand_written_text(tmp_path):
 def test_e2e_reports_a_missing_trainer_without_figures():
     body = e2e_step.render([{"bench": "e2e", "error": "algo=stapo run failed\nlog line"}])
     assert body.startswith("Not measured") and "log line" in body
+
+
+def test_validation_bootstrap_bench_runs_verls_metrics_both_ways_and_finds_the_same_values():
+    from benchmarks import val_bootstrap
+
+    rows = val_bootstrap.measure(torch.device("cpu"), shapes=((3, 4), (2, 1)), repeats=1)
+    assert [(r["prompts"], r["samples"]) for r in rows] == [(3, 4), (2, 1)]
+    assert all(r["same_values"] and finite(r["ratio"]) for r in rows)
+    from verl.trainer.ppo import metric_utils
+
+    assert not getattr(metric_utils.bootstrap_metric, "_stapo_vectorised", False)  # left as it found it
+    assert "| 3 x 4 |" in val_bootstrap.render(rows)
