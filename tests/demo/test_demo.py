@@ -165,5 +165,7 @@ def test_a_tailbed_runs_as_its_preset_with_the_testbeds_task(tmp_path, model):
     check_run(config, paths=False)
     assert config.actor_rollout_ref.model.path == "/models/tailbed"
     assert config.trainer.experiment_name == "demo-stapo" and config.stapo.synthetic_task == "addition"
+    # validated before training and every 20 steps: six points of the held-out curve
+    assert config.trainer.test_freq == 20 and config.trainer.val_before_train is True
     assert config.actor_rollout_ref.actor.optim.optimizer == "GainAdamW"
     assert "tailbed" in compose_run(["model_preset=tailbed"]).actor_rollout_ref.model.path

@@ -87,11 +87,11 @@ def test_declines_what_it_could_not_match_and_the_installed_function_then_runs_v
 
 
 def _validation(rng: random.Random, with_pred: bool):
-    """A validation's per-sample lists as verl's trainer passes them: 2 sources, 40 prompts, 5-8 samples each."""
+    """A validation's per-sample lists as verl's trainer passes them: 2 sources, 10 prompts, 5-8 samples each."""
     sources, uids, infos = [], [], {"acc": [], "score": [], "reward": []}
     if with_pred:
         infos["pred"] = []
-    for prompt in range(40):
+    for prompt in range(10):
         for _ in range(rng.choice([5, 8, 8])):
             right = rng.random() < 0.55
             sources.append(f"stapo/source{prompt % 2}")
