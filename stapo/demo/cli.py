@@ -63,7 +63,7 @@ MODELS = {
     # 0.002.
     "testbed": DemoModel("testbed", "addition", steps=100, prompts=8, group_size=8, max_new_tokens=64, heldout=64,
                          lr=1e-5, temperature=1.0, tau_p=0.002, test_freq=20, micro_batches=(64, 64),
-                         minutes="about 6-8"),
+                         minutes="about 10-13"),
     # The paper's tau_p (0.002) gives a mask ratio near 1e-4: with about 1,200 response tokens a step, a
     # 6-step run would silence nothing to look at. 0.02 makes the mechanism visible (a few tokens a step)
     # while the tokens it silences are still rare, confident-context, low-probability ones. Temperature

@@ -529,7 +529,7 @@ def test_the_long_horizon_archive_holds_the_finished_runs_results_md_names():
         assert max(step for step, metrics in steps.items() if "timing_s/step" in metrics) == 500
         names.append(f"{ {'algo=justrl': 'JustRL', 'algo=stapo': 'STAPO', 'algo=grpo': 'GRPO'}[record['cell']]} "
                      f"seed {record['seed']}")
-    assert names == ["GRPO seed 1", "JustRL seed 1", "JustRL seed 2", "STAPO seed 1"]
+    assert names == ["GRPO seed 1", "JustRL seed 1", "JustRL seed 2", "STAPO seed 1", "STAPO seed 2"]
     readme = " ".join((RESULTS / "README.md").read_text().split())
-    assert "Finished so far: GRPO seed 1, JustRL seeds 1 and 2 and STAPO seed 1." in readme
+    assert "Finished so far: GRPO seed 1, JustRL seeds 1 and 2 and STAPO seeds 1 and 2." in readme
     assert "commit 0777993" in (RESULTS / "tailbed-long-horizon" / "COMMAND").read_text()

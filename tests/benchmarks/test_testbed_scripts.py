@@ -360,3 +360,86 @@ def test_the_make_demo_table_is_recomputed_from_its_files():
     assert f"`make demo` takes {found['wall_s'] / 60:.1f} min here" in flat
     shares = f"the steps are {step_sum / found['wall_s']:.0%} of it and the ten validations"
     assert shares in flat.replace(" %", "%") and f"{sum(testing) / found['wall_s']:.0%}" in flat.replace(" %", "%")
+
+
+BOOTSTRAP_ORDER = ("before-first", "after-second", "after-first", "before-second")
+
+
+def test_the_vectorised_bootstrap_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
+    """BENCHMARKS.md, "a validation's bootstrap vectorised": its table and ranges from the four runs' parsed logs, and
+    the claim that every value the four runs logged (timings aside) is the same."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    runs = json.loads((folder / "2026-11-27-vectorised-bootstrap.json").read_text())
+    found = {name: summary(runs[name]) for name in BOOTSTRAP_ORDER}
+    table = [found[name] for name in BOOTSTRAP_ORDER]
+    text = (REPO / "BENCHMARKS.md").read_text()
+    for phase in ("gen", "old_log_prob", "update_actor", "step"):
+        cells = " | ".join(f"{run['median_s'][phase]:.2f}" for run in table)
+        assert f"| trainer: `{phase}`, median of steps 2-20 | {cells} |" in text, phase
+    cells = " | ".join(", ".join(f"{v:.1f}" for v in run["testing_s"].values()) for run in table)
+    assert f"| trainer: `testing` at steps 5, 10, 15, 20 | {cells} |" in text
+    assert "| trainer: 20 steps, command to exit | " + " | ".join(f"{r['wall_s']:.0f}" for r in table) + " |" in text
+    flat = " ".join(text.split())
+
+    def testing(prefix: str) -> list[float]:
+        chosen = (found[name]["testing_s"].values() for name in BOOTSTRAP_ORDER if name.startswith(prefix))
+        return sorted(value for values in chosen for value in values)
+
+    after, before = testing("after"), testing("before")
+    assert (f"A validation takes {after[0]:.1f}-{after[-1]:.1f} s against {before[0]:.1f}-{before[-1]:.1f} s** "
+            f"(medians {statistics.median(after):.1f} and {statistics.median(before):.1f} s)") in flat
+    logged = json.loads((folder / "2026-11-27-vectorised-bootstrap-metrics.json").read_text())["runs"]
+    first, *others = (logged[name] for name in BOOTSTRAP_ORDER)
+    assert sorted(first, key=int) == [str(step) for step in range(1, 21)] and all(run == first for run in others)
+    assert any("/best@8/mean" in key for key in first["5"])  # the bootstrap's own estimates are among them
+    count = sum(len(metrics) for metrics in first.values())
+    assert f"the {count:,} values each run logged other than timings" in flat
+
+
+def test_the_make_demo_every_20_table_and_readmes_demo_row_are_recomputed_from_their_files():
+    """BENCHMARKS.md, "make demo with the bootstrap vectorised and six validations", and README.md's demo table: every
+    figure from the three JSON files of that run."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    run = json.loads((folder / "2026-11-27-make-demo-every-20.json").read_text())["make-demo"]
+    work = json.loads((folder / "2026-11-27-make-demo-every-20-model-work.json").read_text())
+    demo = json.loads((folder / "2026-11-27-make-demo-every-20-summary.json").read_text())
+    earlier = json.loads((folder / "2026-11-27-make-demo.json").read_text())["make-demo"]
+    found = summary(run)
+    steps = run["steps"]
+    step_sum = sum(v["timing_s"]["step"] for v in steps.values() if "step" in v["timing_s"])
+    testing = list(found["testing_s"].values())
+    assert sorted(found["testing_s"]) == [20, 40, 60, 80, 100]
+    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    for label, value, fmt in (
+        ("command to exit (`time`)", found["wall_s"], ",.1f"),
+        ("100 steps (`timing_s/step`, summed)", step_sum, ".1f"),
+        ("5 validations during training (`timing_s/testing`)", sum(testing), ".1f"),
+        ("the rest: start-up, validation before training, plots, shut-down", found["outside_steps_s"], ".1f"),
+        ("median step (steps 2-100)", found["median_s"]["step"], ".2f"),
+        ("median validation", statistics.median(testing), ".1f"),
+        ("model work of a step (8 x 8 decoded as one batch, then forward + backward + GainAdamW)",
+         work["step_model_work_s"], ".2f"),
+        ("decode of a validation's 64 x 8", work["decode_validation_s"], ".2f"),
+    ):
+        assert f"| {label} | {value:{fmt}} |" in flat, label
+    assert f"a step is {found['median_s']['step'] / work['step_model_work_s']:.1f}x its model work" in flat
+    assert f"a validation {statistics.median(testing) / work['decode_validation_s']:.1f}x its decode" in flat
+    assert f"of which the 100 steps are {step_sum / found['wall_s']:.0%}" in flat.replace(" %", "%")
+    held_out = {int(s): v["held_out_acc"] for s, v in steps.items() if v["held_out_acc"] is not None}
+    assert all(earlier["steps"][str(s)]["held_out_acc"] == acc for s, acc in held_out.items())  # "value for value"
+    # README.md's demo row
+    train = {int(s): v for s, v in demo["train_acc"].items()}
+    first, last = (statistics.mean(train[s] for s in range(a, a + 10)) for a in (1, 91))
+    assert (demo["summary"]["heldout_acc_before"], demo["summary"]["heldout_acc_after"]) == (held_out[0], held_out[100])
+    row = (f"| `stapo demo` (testbed, STAPO) | {held_out[0]:.3f} -> {held_out[100]:.3f} "
+           f"({held_out[20]:.3f} at step 20, {held_out[40]:.3f} at 40 and 60, {held_out[80]:.3f} at 80) | "
+           f"{first:.2f} -> {last:.2f} | "
+           f"{found['wall_s'] / 60:.1f} min (model cached) | {found['median_s']['step']:.1f} | "
+           f"{demo['summary']['peak_rss_gib']:.1f} GiB |")
+    assert held_out[40] == held_out[60]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert row in readme
+    phases = found["median_s"]
+    assert (f"generation {phases['gen']:.2f} s (the 8 prompts' groups decoded as one batch), old log-probs "
+            f"{phases['old_log_prob']:.2f} s, update {phases['update_actor']:.2f} s; each validation "
+            f"{min(testing):.1f}-{max(testing):.1f} s") in readme
