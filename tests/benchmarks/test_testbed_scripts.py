@@ -325,26 +325,21 @@ def test_the_idle_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quo
     assert f"load average {min(loads):.1f}-{max(loads):.1f}" in flat
 
 
-def test_the_make_demo_table_is_recomputed_from_its_files():
-    """BENCHMARKS.md, "make demo timed again": every figure of its table from the two JSON files."""
-    import statistics
-
-    from benchmarks.testbed_timings import summary
-
-    folder = REPO / "benchmarks" / "testbed_runs"
-    run = json.loads((folder / "2026-11-27-make-demo.json").read_text())["make-demo"]
-    work = json.loads((folder / "2026-11-27-make-demo-model-work.json").read_text())
+def assert_demo_table(run: dict, work: dict, validations: int) -> tuple[dict, float, list[float], str]:
+    """A `make demo` table of BENCHMARKS.md (its rows as the two timed sections write them) recomputed from the run's
+    parsed log and the model work measured after it; returns the run's summary, summed step time, validation times and
+    the flattened BENCHMARKS.md for the section's own sentences."""
     found = summary(run)
     steps = run["steps"]
     step_sum = sum(v["timing_s"]["step"] for v in steps.values() if "step" in v["timing_s"])
     testing = list(found["testing_s"].values())
-    assert len(testing) == 10 and sorted(int(s) for s in steps if "step" in steps[s]["timing_s"]) == list(
+    assert len(testing) == validations and sorted(int(s) for s in steps if "step" in steps[s]["timing_s"]) == list(
         range(1, 101))
     flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
     for label, value, fmt in (
         ("command to exit (`time`)", found["wall_s"], ",.1f"),
         ("100 steps (`timing_s/step`, summed)", step_sum, ".1f"),
-        ("10 validations during training (`timing_s/testing`)", sum(testing), ".1f"),
+        (f"{validations} validations during training (`timing_s/testing`)", sum(testing), ".1f"),
         ("the rest: start-up, validation before training, plots, shut-down", found["outside_steps_s"], ".1f"),
         ("median step (steps 2-100)", found["median_s"]["step"], ".2f"),
         ("median validation", statistics.median(testing), ".1f"),
@@ -353,10 +348,17 @@ def test_the_make_demo_table_is_recomputed_from_its_files():
         ("decode of a validation's 64 x 8", work["decode_validation_s"], ".2f"),
     ):
         assert f"| {label} | {value:{fmt}} |" in flat, label
-    ratio_step = found["median_s"]["step"] / work["step_model_work_s"]
-    ratio_val = statistics.median(testing) / work["decode_validation_s"]
-    assert f"a step is {ratio_step:.1f}x its model work" in flat
-    assert f"a validation {ratio_val:.1f}x its decode" in flat
+    assert f"a step is {found['median_s']['step'] / work['step_model_work_s']:.1f}x its model work" in flat
+    assert f"a validation {statistics.median(testing) / work['decode_validation_s']:.1f}x its decode" in flat
+    return found, step_sum, testing, flat
+
+
+def test_the_make_demo_table_is_recomputed_from_its_files():
+    """BENCHMARKS.md, "make demo timed again": every figure of its table from the two JSON files."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    run = json.loads((folder / "2026-11-27-make-demo.json").read_text())["make-demo"]
+    work = json.loads((folder / "2026-11-27-make-demo-model-work.json").read_text())
+    found, step_sum, testing, flat = assert_demo_table(run, work, validations=10)
     assert f"`make demo` takes {found['wall_s'] / 60:.1f} min here" in flat
     shares = f"the steps are {step_sum / found['wall_s']:.0%} of it and the ten validations"
     assert shares in flat.replace(" %", "%") and f"{sum(testing) / found['wall_s']:.0%}" in flat.replace(" %", "%")
@@ -404,26 +406,9 @@ def test_the_make_demo_every_20_table_and_readmes_demo_row_are_recomputed_from_t
     work = json.loads((folder / "2026-11-27-make-demo-every-20-model-work.json").read_text())
     demo = json.loads((folder / "2026-11-27-make-demo-every-20-summary.json").read_text())
     earlier = json.loads((folder / "2026-11-27-make-demo.json").read_text())["make-demo"]
-    found = summary(run)
+    found, step_sum, testing, flat = assert_demo_table(run, work, validations=5)
     steps = run["steps"]
-    step_sum = sum(v["timing_s"]["step"] for v in steps.values() if "step" in v["timing_s"])
-    testing = list(found["testing_s"].values())
     assert sorted(found["testing_s"]) == [20, 40, 60, 80, 100]
-    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
-    for label, value, fmt in (
-        ("command to exit (`time`)", found["wall_s"], ",.1f"),
-        ("100 steps (`timing_s/step`, summed)", step_sum, ".1f"),
-        ("5 validations during training (`timing_s/testing`)", sum(testing), ".1f"),
-        ("the rest: start-up, validation before training, plots, shut-down", found["outside_steps_s"], ".1f"),
-        ("median step (steps 2-100)", found["median_s"]["step"], ".2f"),
-        ("median validation", statistics.median(testing), ".1f"),
-        ("model work of a step (8 x 8 decoded as one batch, then forward + backward + GainAdamW)",
-         work["step_model_work_s"], ".2f"),
-        ("decode of a validation's 64 x 8", work["decode_validation_s"], ".2f"),
-    ):
-        assert f"| {label} | {value:{fmt}} |" in flat, label
-    assert f"a step is {found['median_s']['step'] / work['step_model_work_s']:.1f}x its model work" in flat
-    assert f"a validation {statistics.median(testing) / work['decode_validation_s']:.1f}x its decode" in flat
     assert f"of which the 100 steps are {step_sum / found['wall_s']:.0%}" in flat.replace(" %", "%")
     held_out = {int(s): v["held_out_acc"] for s, v in steps.items() if v["held_out_acc"] is not None}
     assert all(earlier["steps"][str(s)]["held_out_acc"] == acc for s, acc in held_out.items())  # "value for value"
