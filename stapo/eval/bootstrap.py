@@ -18,24 +18,23 @@ where the caller keeps verl's loop (majority votes over ``pred``, strings, NaN).
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-# the reductions verl's best@k / worst@k pass, and the axis-wise reduction that gives each row's same value
-_ROW_REDUCTIONS = {np.max: np.max, np.min: np.min, np.amax: np.max, np.amin: np.min}
+# the reductions verl's best@k / worst@k pass; each also reduces a matrix row by row (``axis=1``)
+ROW_REDUCTIONS = frozenset({np.max, np.min, np.amax, np.amin})
 
 
 def _real_values(data: Sequence) -> np.ndarray | None:
     """``data`` as float64 when every item is a real number that is neither NaN nor -0.0 (bools and numpy scalars
     included). Between 0.0 and -0.0, which compare equal, which one a max returns depends on the order the
     reduction takes them in; the sign would then show in a mean of zeros."""
-    if any(isinstance(item, (str, bytes)) or not isinstance(item, numbers.Real) for item in data):
+    if not all(isinstance(item, numbers.Real) for item in data):
         return None
     values = np.array([float(item) for item in data], dtype=np.float64)
-    if any(math.isnan(value) or (value == 0 and math.copysign(1.0, value) < 0) for value in values.tolist()):
+    if np.isnan(values).any() or np.signbit(values[values == 0]).any():
         return None
     return values
 
@@ -46,8 +45,7 @@ def best_worst_bootstrap(
     """verl's ``bootstrap_metric(data, subset_size, reduce_fns, n_bootstrap, seed)`` for row-wise max / min
     reductions of real numbers, vectorised; ``None`` where it would not be equal bit for bit (the caller then
     runs verl's). Seeds numpy's global generator as verl does, and leaves it where verl's leaves it."""
-    reductions = [_ROW_REDUCTIONS.get(fn) for fn in reduce_fns]
-    if not data or any(reduction is None for reduction in reductions):
+    if not data or not all(fn in ROW_REDUCTIONS for fn in reduce_fns):
         return None
     values = _real_values(data)
     if values is None:
@@ -55,8 +53,5 @@ def best_worst_bootstrap(
     np.random.seed(seed)
     indices = np.random.choice(len(values), size=(n_bootstrap, subset_size), replace=True)
     drawn = values[indices]
-    results = []
-    for reduction in reductions:
-        per_row = np.ascontiguousarray(reduction(drawn, axis=1), dtype=np.float64)
-        results.append((float(np.mean(per_row)), float(np.std(per_row))))
-    return results
+    per_fn = (fn(drawn, axis=1) for fn in reduce_fns)  # a new contiguous float64 vector, as verl's result row
+    return [(float(np.mean(per_row)), float(np.std(per_row))) for per_row in per_fn]

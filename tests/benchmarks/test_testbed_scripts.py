@@ -93,6 +93,20 @@ def test_the_in_place_cache_timings_are_what_benchmarks_md_quotes():
         assert f"| {title} | {old} | {new} |" in text, title
 
 
+TRAINER_PHASES = ("gen", "old_log_prob", "update_actor", "step")
+
+
+def assert_trainer_rows(text: str, table: list[dict], testing_steps: str) -> None:
+    """The rows BENCHMARKS.md's A/B tables of 20-step testbed runs share, one column a run (``summary``'s answer):
+    each phase's median, the validations' times (at ``testing_steps``) and the command-to-exit time."""
+    for phase in TRAINER_PHASES:
+        cells = " | ".join(f"{run['median_s'][phase]:.2f}" for run in table)
+        assert f"| trainer: `{phase}`, median of steps 2-20 | {cells} |" in text, phase
+    cells = " | ".join(", ".join(f"{v:.1f}" for v in run["testing_s"].values()) for run in table)
+    assert f"| trainer: `testing` at steps {testing_steps} | {cells} |" in text
+    assert "| trainer: 20 steps, command to exit | " + " | ".join(f"{r['wall_s']:.0f}" for r in table) + " |" in text
+
+
 def test_the_batched_log_prob_timings_are_what_benchmarks_md_quotes():
     """BENCHMARKS.md's table of the batched log-probs, and the ratios under it, recomputed from the runs' logs and
     the model work."""
@@ -101,12 +115,7 @@ def test_the_batched_log_prob_timings_are_what_benchmarks_md_quotes():
     work = json.loads((folder / "2026-11-26-batched-logprobs-model-work.json").read_text())["batched-logsumexp"]
     before, after = summary(runs["row-logsumexp"]), summary(runs["batched-logsumexp"])
     text = (REPO / "BENCHMARKS.md").read_text()
-    for phase in ("old_log_prob", "update_actor", "gen", "step"):
-        old, new = (f"{run['median_s'][phase]:.2f}" for run in (before, after))
-        assert f"| trainer: `{phase}`, median of steps 2-20 | {old} | {new} |" in text, phase
-    old, new = (", ".join(f"{v:.1f}" for v in run["testing_s"].values()) for run in (before, after))
-    assert f"| trainer: `testing` at steps 10, 20 | {old} | {new} |" in text
-    assert f"| trainer: 20 steps, command to exit | {before['wall_s']:.0f} | {after['wall_s']:.0f} |" in text
+    assert_trainer_rows(text, [before, after], "10, 20")
     flat = " ".join(text.split())
     assert (f"decoded as one batch {work['decode_step_s']:.2f} s, forward + backward + GainAdamW "
             f"{work['update_s']:.2f} s, so {work['step_model_work_s']:.2f} s a step; the validation's 64 x 8 decoded "
@@ -142,12 +151,7 @@ def test_the_shared_loop_timings_are_what_benchmarks_md_quotes():
     found = {name: summary(runs[name]) for name in SHARED_ORDER}
     table = [found[name] for name in SHARED_ORDER]
     text = (REPO / "BENCHMARKS.md").read_text()
-    for phase in ("gen", "old_log_prob", "update_actor", "step"):
-        cells = " | ".join(f"{run['median_s'][phase]:.2f}" for run in table)
-        assert f"| trainer: `{phase}`, median of steps 2-20 | {cells} |" in text, phase
-    cells = " | ".join(", ".join(f"{v:.1f}" for v in run["testing_s"].values()) for run in table)
-    assert f"| trainer: `testing` at steps 10, 20 | {cells} |" in text
-    assert "| trainer: 20 steps, command to exit | " + " | ".join(f"{r['wall_s']:.0f}" for r in table) + " |" in text
+    assert_trainer_rows(text, table, "10, 20")
     assert "| trainer: of it outside the steps and validations | " + " | ".join(
         f"{r['outside_steps_s']:.0f}" for r in table) + " |" in text
     flat = " ".join(text.split())
@@ -375,12 +379,7 @@ def test_the_vectorised_bootstrap_timings_are_what_benchmarks_md_quotes_and_the_
     found = {name: summary(runs[name]) for name in BOOTSTRAP_ORDER}
     table = [found[name] for name in BOOTSTRAP_ORDER]
     text = (REPO / "BENCHMARKS.md").read_text()
-    for phase in ("gen", "old_log_prob", "update_actor", "step"):
-        cells = " | ".join(f"{run['median_s'][phase]:.2f}" for run in table)
-        assert f"| trainer: `{phase}`, median of steps 2-20 | {cells} |" in text, phase
-    cells = " | ".join(", ".join(f"{v:.1f}" for v in run["testing_s"].values()) for run in table)
-    assert f"| trainer: `testing` at steps 5, 10, 15, 20 | {cells} |" in text
-    assert "| trainer: 20 steps, command to exit | " + " | ".join(f"{r['wall_s']:.0f}" for r in table) + " |" in text
+    assert_trainer_rows(text, table, "5, 10, 15, 20")
     flat = " ".join(text.split())
 
     def testing(prefix: str) -> list[float]:
