@@ -1,0 +1,112 @@
+"""Requests straight to the one rollout server (stapo/verl_plugin/one_server.py): verl's own load balancer
+(``GlobalRequestLoadBalancer``, its real class, called through a shim that answers ``.remote`` as an actor
+does, counting the calls) is asked once, then every request goes to its server with no balancer call; a
+balancer with two servers is refused on the first request, naming the setting; the setting chooses the client.
+The server is a stand-in that records requests (the HF server needs a Ray cluster); a whole run with it is
+tests/e2e/test_paired.py (its GRPO run on the CPU presets' direct client equals, bit for bit, its STAPO run
+through verl's balancer)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+from verl.workers.rollout.router import GlobalRequestLoadBalancer
+
+from stapo.verl_plugin import one_server
+from stapo.verl_plugin.run_checks import STAPOConfigError, validate_run_config
+from tests.recipe_config import config_for_verl
+
+
+class AsActor:
+    """``obj.method.remote(...)`` answered as a Ray actor answers it (an awaitable), counting calls by name."""
+
+    def __init__(self, obj):
+        self.obj, self.calls = obj, []
+
+    def __getattr__(self, name):
+        method, calls = getattr(self.obj, name), self.calls
+
+        class Remote:
+            @staticmethod
+            def remote(*args, **kwargs):
+                calls.append(name)
+                result = method(*args, **kwargs)
+                if asyncio.iscoroutine(result):
+                    return result
+
+                async def done():
+                    return result
+                return done()
+        return Remote()
+
+
+class Server:
+    """Records each request's prompt; answers with the prompt reversed."""
+
+    def __init__(self):
+        self.prompts = []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        self.prompts.append(list(prompt_ids))
+        return TokenOutput(token_ids=prompt_ids[::-1], log_probs=None, extra_fields={"global_steps": 3})
+
+
+@pytest.fixture
+def config():
+    return config_for_verl("model_preset=tiny", "stapo.one_server_direct=true")
+
+
+def balancer_with(servers):
+    return AsActor(GlobalRequestLoadBalancer(servers={name: AsActor(server) for name, server in servers.items()}))
+
+
+def test_the_balancer_is_asked_once_then_every_request_goes_to_its_server(config):
+    server = Server()
+    balancer = balancer_with({"only": server})
+    client = one_server.client_for(config, LLMServerClient(config, load_balancer_handle=balancer))
+    assert type(client) is one_server.OneServerClient
+
+    async def requests():
+        return await asyncio.gather(*(
+            client.generate(f"r{i}", prompt_ids=[i, i + 1], sampling_params={"temperature": 1.0}) for i in range(6)))
+
+    outputs = asyncio.run(requests())
+    assert [out.token_ids for out in outputs] == [[i + 1, i] for i in range(6)]
+    assert sorted(server.prompts) == [[i, i + 1] for i in range(6)]
+    assert outputs[0].extra_fields["min_global_steps"] == 3  # verl's generate still finishes each output
+    assert balancer.calls.count("acquire_server") == 1 and balancer.calls.count("release_server") == 1
+    assert balancer.calls.count("get_all_servers") == 1 and len(balancer.calls) == 5  # + two field queries
+    assert balancer.obj.get_inflight_count("only") == 0
+    asyncio.run(requests())
+    assert len(balancer.calls) == 5 and len(server.prompts) == 12
+
+    verls = LLMServerClient(config, load_balancer_handle=balancer_with({"only": Server()}))
+    asyncio.run(verls.generate("r", prompt_ids=[1], sampling_params={}))
+    assert verls._load_balancer.calls.count("acquire_server") == 1  # verl's: two balancer calls every request
+
+
+def test_a_balancer_with_two_servers_is_refused_naming_the_setting(config):
+    client = one_server.client_for(config, LLMServerClient(config, balancer_with({"a": Server(), "b": Server()})))
+    with pytest.raises(RuntimeError, match=r"stapo.one_server_direct=true needs exactly one rollout server; .* 2"):
+        asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={}))
+
+
+def test_the_setting_chooses_the_client(config):
+    plain = LLMServerClient(config, load_balancer_handle=balancer_with({"only": Server()}))
+    plain.tokenizer = "set by verl's worker after construction"
+    direct = one_server.client_for(config, plain)
+    assert direct._load_balancer is plain._load_balancer and direct.tokenizer == plain.tokenizer
+    off = config_for_verl("model_preset=tiny", "stapo.one_server_direct=false")
+    assert one_server.client_for(off, plain) is plain
+    assert one_server.client_for(config_for_verl("model_preset=tiny"), plain) is plain  # default: off
+    fully_async = FullyAsyncLLMServerClient(config, load_balancer_handle=plain._load_balancer)
+    assert one_server.client_for(config, fully_async) is fully_async  # keeps its own routing
+
+
+@pytest.mark.parametrize("value", ["yes", 0])
+def test_a_bad_value_is_refused_before_ray_starts(value):
+    with pytest.raises(STAPOConfigError, match=r"stapo.one_server_direct must be true or false"):
+        validate_run_config(config_for_verl("model_preset=tiny", f"stapo.one_server_direct={value}"))
