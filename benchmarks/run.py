@@ -33,6 +33,7 @@ REGISTRY = {
     "e2e": "benchmarks.e2e_step",
     "rollout": "benchmarks.rollout_group",
     "valboot": "benchmarks.val_bootstrap",
+    "hops": "benchmarks.agent_loop_hops",
 }
 NAMES = tuple(REGISTRY)
 NOTES_MARK = "<!-- notes: written by hand below this line -->"
