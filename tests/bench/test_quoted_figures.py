@@ -204,15 +204,30 @@ def tail_ratio(folder: str, name: str, seed: int) -> float:
     return max(tail.values()) / tail["1"]
 
 
+def and_list(items: list) -> str:
+    """``1, 2 and 3``."""
+    words = [str(item) for item in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def above_in_every_seed(folder: str, name: str, other: str, quantity: str) -> int:
+    """The number of seeds, asserting the group's value is above ``other``'s in every one of them."""
+    others = {run["seed"]: run[quantity] for run in group(folder, other)["runs"]}
+    runs = group(folder, name)["runs"]
+    assert all(run[quantity] > others[run["seed"]] for run in runs)
+    return len(runs)
+
+
 def _tl_events() -> list[tuple]:
     justrl, stapo = entropy_events(TL, "algo=justrl"), entropy_events(TL, "algo=stapo")
+    grpo = entropy_events(TL, "algo=grpo")
     exploded = [seed for seed, e in justrl.items() if e["explosion"]]
     tail_driven = [seed for seed, e in justrl.items() if e["tail"]]
     others = sorted(tail_ratio(TL, "algo=justrl", seed) for seed in exploded if seed not in tail_driven)
     assert justrl[3]["explosion"] == list(range(19, 61)) and tail_driven == [2, 3]
 
-    def p_value(kind: str, digits: int) -> str:
-        p = fisher_one_sided(runs_with(justrl, kind), len(justrl), runs_with(stapo, kind), len(stapo))
+    def p_value(kind: str, digits: int, events: dict = justrl) -> str:
+        p = fisher_one_sided(runs_with(events, kind), len(events), runs_with(stapo, kind), len(stapo))
         return f"{p:.{digits}f}"
 
     def counted(events: dict, kind: str) -> str:
@@ -224,7 +239,8 @@ def _tl_events() -> list[tuple]:
     rows = (("an entropy explosion", "explosion"), ("a tail-driven explosion", "tail"),
             ("an entropy collapse", "collapse"))
     return [
-        *[(R, f"| {row} | {{}} | {{}} |", counted(justrl, kind), counted(stapo, kind)) for row, kind in rows],
+        *[(R, f"| {row} | {{}} | {{}} | {{}} |", counted(justrl, kind), counted(stapo, kind), counted(grpo, kind))
+          for row, kind in rows],
         (R, "explosion: p = {}). JustRL's seeds {}, {}, {}, {} and {} explode; seed 3 from step 19 to the end ({} at "
             "step 60, against {} at step 1)", p_value("explosion", 3), *exploded,
          series(TL, "algo=justrl", 3, "entropy", 60, 4), series(TL, "algo=justrl", 3, "entropy", 1, 4)),
@@ -237,18 +253,38 @@ def _tl_events() -> list[tuple]:
         (M, "JustRL's entropy more than doubles in {} runs and STAPO's in none (one-sided Fisher p = {};",
          counted(justrl, "explosion"), p_value("explosion", 3)),
         (M, "accuracy is not told apart ({})", paired(TL, "algo=stapo", "final_acc")),
+        (M, "GRPO (JustRL plus a KL term of 0.001) explodes in {} runs, {} of them by the tail (against STAPO p = {}), "
+            "and ends below JustRL in every seed ({})", counted(grpo, "explosion"), runs_with(grpo, "tail"),
+         p_value("explosion", 4, grpo), paired(TL, "algo=grpo", "final_acc")),
+        (R, "GRPO explodes in {} runs (seeds {}), {} of them tail-driven by the rule (seeds {}: the filler mass a "
+            "position reaches {}x, {}x, {}x and {}x its step-1 value); STAPO in none",
+         counted(grpo, "explosion"), and_list([seed for seed, e in grpo.items() if e["explosion"]]),
+         runs_with(grpo, "tail"), and_list([seed for seed, e in grpo.items() if e["tail"]]),
+         *[num(tail_ratio(TL, "algo=grpo", seed), 1) for seed, e in grpo.items() if e["tail"]]),
+        (R, "one-sided Fisher p = {} for an explosion, {} for a tail-driven one", p_value("explosion", 4, grpo),
+         p_value("tail", 3, grpo)),
+        (R, "above STAPO's in each of the {} seeds ({})",
+         above_in_every_seed(TL, "algo=grpo", "algo=stapo", "entropy_peak"),
+         paired_vs(TL, "algo=grpo", "algo=stapo", "entropy_peak", 4)),
+        (R, "Held-out at step 60 {} against JustRL (lower in {} seeds: {}; a one-sided sign test gives p = {})",
+         paired(TL, "algo=grpo", "final_acc"), lower_in(TL, "algo=grpo", "final_acc"),
+         ", ".join(deltas(TL, "algo=grpo", "final_acc", sign=False)), num(0.5 ** len(grpo), 3)),
+        (R, "JustRL apart: {} in the largest position entropy, {} in the filler mass)",
+         paired(TL, "algo=grpo", "entropy_max_peak"), paired(TL, "algo=grpo", "tail_mass", 6)),
     ]
 
 
 TL_QUOTES = [
-    (R, "| held-out acc, step 0 | {} | {} | |", stat(TL, "algo=justrl", "initial_acc"),
-     stat(TL, "algo=stapo", "initial_acc")),
-    *[(R, f"| {title} | {{}} | {{}} | {{}} |", stat(TL, "algo=justrl", quantity, digits),
-       stat(TL, "algo=stapo", quantity, digits), paired(TL, "algo=stapo", quantity, digits))
+    (R, "| held-out acc, step 0 | {} | {} | {} | | |", stat(TL, "algo=justrl", "initial_acc"),
+     stat(TL, "algo=stapo", "initial_acc"), stat(TL, "algo=grpo", "initial_acc")),
+    *[(R, f"| {title} | {{}} | {{}} | {{}} | {{}} | {{}} |", stat(TL, "algo=justrl", quantity, digits),
+       stat(TL, "algo=stapo", quantity, digits), stat(TL, "algo=grpo", quantity, digits),
+       paired(TL, "algo=stapo", quantity, digits), paired(TL, "algo=grpo", quantity, digits))
       for title, quantity, digits in TL_ROWS],
-    (R, "(from {} at step 0 to {} and {} at step 60, where\nJustRL at the preset's lr gains to {} by step 100",
+    (R, "(from {} at step 0 to {}, {} and {} at step 60, where JustRL at the preset's lr gains to {} by step 100",
      mean(TL, "algo=justrl", "initial_acc"), mean(TL, "algo=justrl", "final_acc"), mean(TL, "algo=stapo", "final_acc"),
-     mean(TB, "algo=justrl", "final_acc")),
+     mean(TL, "algo=grpo", "final_acc"), mean(TB, "algo=justrl", "final_acc")),
+    (R, "no token of either was clipped in any of the {} steps", clipped_steps(TL, "algo=grpo")[1]),
     *_tl_events(),
 ]
 TB_QUOTES = [
@@ -466,6 +502,7 @@ LOWER_IN_EACH_SEED = [
     *[(TB, "algo=taco", q) for q in ("tail_mass", "tail_mass_late", "tail_mass_peak", "norm_share", "entropy_last")],
     (TB, "algo=entropy20", "late_reward"),
     (TL, "algo=stapo", "entropy_peak"),
+    (TL, "algo=grpo", "final_acc"),
 ]
 
 
