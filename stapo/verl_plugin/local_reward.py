@@ -3,20 +3,22 @@
 verl's agent-loop worker scores every finished sample by calling a reward-loop actor
 (``RewardLoopWorker.compute_score.remote(data)``, a one-row DataProto pickled each way): 64 calls a testbed
 step and 512 a validation, each a round trip through Ray's object store that costs more than the rule it
-runs (BENCHMARKS.md, "rewards scored in the agent-loop worker"). When the reward is a rule (no reward
+runs (BENCHMARKS.md, "the agent-loop worker's hops"). When the reward is a rule (no reward
 model), the same ``RewardLoopWorker`` class built inside the agent-loop worker gives the same scores with no
 hop: ``LocalRewardHandle`` stands where verl expects an actor handle, so verl's own ``_compute_score`` runs
-unchanged and only the transport goes. The row is deep-copied first, as Ray's pickling would copy it, so a
-reward manager that writes into the row's ``extra_info`` (verl's naive one does) cannot reach the
-trajectory the worker then stores.
+unchanged and only the transport goes. The row's Python objects are copied first (``by_value``), as Ray's
+pickling would copy them, so a reward manager that writes into the row's ``extra_info`` (verl's naive one does)
+cannot reach the trajectory the worker then stores.
 
-Off by default (``stapo.reward_in_agent_loop``); the CPU presets turn it on. A reward slow enough to want its
-own processes (a sandbox, a slow verifier) keeps verl's actors; a reward model always does.
+Off by default (``stapo.reward_in_agent_loop``); the CPU presets (conf/model_preset/tiny.yaml and those built on it)
+turn it on. A reward slow enough to want its own processes (a sandbox, a slow verifier) keeps verl's actors; a reward
+model always does.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -42,7 +44,17 @@ class _LocalMethod:
         self.handle = handle
 
     def remote(self, data):
-        return self.handle.score(copy.deepcopy(data))
+        return self.handle.score(by_value(data))
+
+
+def by_value(data):
+    """``data`` as the reward actor would receive it through Ray, for what a reward manager may write into: its
+    non-tensor columns (``extra_info``, ``reward_model``: the request's own dicts) and ``meta_info`` copied, its
+    tensors shared (built by verl's ``_compute_score`` for this call alone, read and never written by a reward
+    manager). A deep copy of the whole DataProto pickles its TensorDict: in a profile of a testbed validation it cost
+    more than the reward."""
+    return dataclasses.replace(data, non_tensor_batch=copy.deepcopy(data.non_tensor_batch),
+                               meta_info=copy.deepcopy(data.meta_info))
 
 
 class LocalRewardHandle:

@@ -8,9 +8,9 @@ there is nothing to balance and no session to keep sticky: ``OneServerClient`` a
 holds exactly one server, and sends every later request to that server. Its in-flight counts then stay at zero,
 which only a balancer choosing among several servers would read.
 
-Off by default (``stapo.one_server_direct``); the CPU presets (one HF server) turn it on. A run whose balancer
-holds several servers, or adds servers later (elastic or fully async rollout), keeps verl's client: the first
-request fails, naming the setting, if the balancer does not hold exactly one.
+Off by default (``stapo.one_server_direct``); the CPU presets (one HF server; conf/model_preset/tiny.yaml and those
+built on it) turn it on. A run whose balancer holds several servers, or adds servers later (elastic or fully async
+rollout), keeps verl's client: the first request fails, naming the setting, if the balancer does not hold exactly one.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ was given (random, on a written log), and the other scripts' command lines."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -427,3 +428,49 @@ def test_the_make_demo_every_20_table_and_readmes_demo_row_are_recomputed_from_t
     assert (f"generation {phases['gen']:.2f} s (the 8 prompts' groups decoded as one batch), old log-probs "
             f"{phases['old_log_prob']:.2f} s, update {phases['update_actor']:.2f} s; each validation "
             f"{min(testing):.1f}-{max(testing):.1f} s") in readme
+
+
+HOPS_SETTINGS = ("base-1", "hops-1", "hops2w-1", "hops2w-2", "hops-2", "base-2")
+HOPS_DEFAULTS = ("new-1", "new-2", "old-a", "old-b", "new-3")
+
+
+def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
+    """BENCHMARKS.md, "the agent-loop worker's hops": both tables, the ranges and ratios under them from the eleven
+    runs' parsed logs and the model work, and the claim that every run logged the same values (one run's kept, every
+    run's SHA-256)."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    runs = json.loads((folder / "2026-11-27-agent-loop-hops.json").read_text())
+    work = json.loads((folder / "2026-11-27-agent-loop-hops-model-work.json").read_text())
+    text = (REPO / "BENCHMARKS.md").read_text()
+    found = {name: summary(runs[name]) for name in HOPS_SETTINGS + HOPS_DEFAULTS}
+    assert_trainer_rows(text, [found[name] for name in HOPS_SETTINGS], "5, 10, 15, 20")
+    assert_trainer_rows(text, [found[name] for name in HOPS_DEFAULTS], "5, 10, 15, 20")
+    flat = " ".join(text.split())
+
+    def pooled(prefix: str, key: str) -> list[float]:
+        chosen = [found[name] for name in HOPS_DEFAULTS if name.startswith(prefix)]
+        if key == "testing":
+            return sorted(v for run in chosen for v in run["testing_s"].values())
+        return sorted(run["median_s"][key] for run in chosen)
+
+    new, old = pooled("new", "testing"), pooled("old", "testing")
+    gen_new, gen_old = pooled("new", "gen"), pooled("old", "gen")
+    assert (f"`gen` {gen_new[0]:.2f}-{gen_new[-1]:.2f} s against {gen_old[0]:.2f}-{gen_old[-1]:.2f} s, a validation "
+            f"{new[0]:.1f}-{new[-1]:.1f} s against {old[0]:.1f}-{old[-1]:.1f} s (medians {statistics.median(new):.1f} "
+            f"and {statistics.median(old):.1f} s)") in flat
+    assert (f"decoded as one batch {work['decode_step_s']:.2f} s, forward + backward + GainAdamW "
+            f"{work['update_s']:.2f} s, so {work['step_model_work_s']:.2f} s a step; the validation's 64 x 8 decoded "
+            f"{work['decode_validation_s']:.2f} s") in flat
+    step = work["step_model_work_s"]
+    step_new, step_old = statistics.median(pooled("new", "step")), statistics.median(pooled("old", "step"))
+    decode, val_new, val_old = work["decode_validation_s"], statistics.median(new), statistics.median(old)
+    assert (f"the step is {step_new / step:.1f}x its model work ({step_old / step:.1f}x before) and a validation "
+            f"{val_new / decode:.1f}x its decode ({val_old / decode:.1f}x before)") in flat
+    logged = json.loads((folder / "2026-11-27-agent-loop-hops-metrics.json").read_text())
+    kept = logged["runs"]["base-1"]
+    digest = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
+    assert sorted(logged["sha256"]) == sorted(HOPS_SETTINGS + HOPS_DEFAULTS)
+    assert set(logged["sha256"].values()) == {digest}  # every run's values hash to the kept run's
+    assert sorted(kept, key=int) == [str(step) for step in range(1, 21)]
+    count = sum(len(metrics) for metrics in kept.values())
+    assert f"the {count:,} values each of the 11 runs logged other than timings" in flat

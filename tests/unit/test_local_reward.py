@@ -114,7 +114,10 @@ def test_the_setting_chooses_the_handles(config):
     off = config.copy()
     off.stapo.reward_in_agent_loop = False
     assert local_reward.reward_handles(off, actors) is actors
-    assert local_reward.reward_handles(config_for_verl("model_preset=tiny"), actors) is actors  # default: off
+    # off in the trainer's defaults (a GPU preset), on in the CPU presets (one server, a rule)
+    assert local_reward.reward_handles(config_for_verl("model_preset=qwen3_1p7b"), actors) is actors
+    for preset in ("tiny", "testbed", "tailbed"):
+        assert config_for_verl(f"model_preset={preset}").stapo.reward_in_agent_loop is True
     with_model = config.copy()
     with_model.reward.reward_model.enable = True
     assert local_reward.reward_handles(with_model, actors) is actors

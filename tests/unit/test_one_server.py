@@ -101,7 +101,10 @@ def test_the_setting_chooses_the_client(config):
     assert direct._load_balancer is plain._load_balancer and direct.tokenizer == plain.tokenizer
     off = config_for_verl("model_preset=tiny", "stapo.one_server_direct=false")
     assert one_server.client_for(off, plain) is plain
-    assert one_server.client_for(config_for_verl("model_preset=tiny"), plain) is plain  # default: off
+    # off in the trainer's defaults (a GPU preset), on in the CPU presets (one HF server)
+    assert one_server.client_for(config_for_verl("model_preset=qwen3_1p7b"), plain) is plain
+    for preset in ("tiny", "testbed", "tailbed"):
+        assert config_for_verl(f"model_preset={preset}").stapo.one_server_direct is True
     fully_async = FullyAsyncLLMServerClient(config, load_balancer_handle=plain._load_balancer)
     assert one_server.client_for(config, fully_async) is fully_async  # keeps its own routing
 
