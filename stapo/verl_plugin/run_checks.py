@@ -353,12 +353,12 @@ def _check_recipe_keys(config) -> None:
     batching = OmegaConf.select(config, "stapo.hf_rollout_batch", default=BATCH_CHOICES[0])
     if batching not in BATCH_CHOICES:
         raise STAPOConfigError(f"stapo.hf_rollout_batch must be one of {list(BATCH_CHOICES)}, got {batching!r}")
-    for key in ("reward_in_agent_loop", "one_server_direct"):
-        value = OmegaConf.select(config, f"stapo.{key}", default=False)
+    switches = {key: OmegaConf.select(config, f"stapo.{key}", default=False)
+                for key in ("reward_in_agent_loop", "one_server_direct")}
+    for key, value in switches.items():
         if not isinstance(value, bool):
             raise STAPOConfigError(f"stapo.{key} must be true or false, got {value!r}")
-    in_loop = OmegaConf.select(config, "stapo.reward_in_agent_loop", default=False)
-    if in_loop and OmegaConf.select(config, "reward.reward_model.enable", default=False):
+    if switches["reward_in_agent_loop"] and OmegaConf.select(config, "reward.reward_model.enable", default=False):
         raise STAPOConfigError(
             "stapo.reward_in_agent_loop=true scores a rule-based reward in the agent-loop worker; with "
             "reward.reward_model.enable=true the scores come from verl's reward-loop actors: set it to false"

@@ -21,6 +21,7 @@ from stapo.models.tiny import build_tiny_model
 from stapo.verl_plugin import local_reward
 from stapo.verl_plugin.run_checks import STAPOConfigError, validate_run_config
 from stapo.verl_plugin.shared_agent_loops import SharedLoopWorker
+from tests.actor_shim import AsActor
 from tests.recipe_config import config_for_verl
 
 # (response text, ground truth): the tiny preset's reward (stapo.reward.synthetic) gives +1 when the answer's
@@ -61,27 +62,20 @@ def output_and_kwargs(tokenizer, text: str, truth: str, index: int):
 
 
 class RowsSeen:
-    """A reward-loop 'actor' that keeps the rows it is sent, to rebuild verl's path from them."""
+    """The reward-loop actor's side: keeps each row as Ray would deliver it (pickled), to rebuild verl's path."""
 
     def __init__(self):
         self.rows = []
-        outer = self
 
-        class Method:
-            def remote(self, data):
-                outer.rows.append(pickle.loads(pickle.dumps(data)))
-
-                async def nothing():
-                    return {"reward_score": 0.0, "reward_extra_info": {}}
-                return nothing()
-
-        self.compute_score = Method()
+    def compute_score(self, data) -> dict:
+        self.rows.append(pickle.loads(pickle.dumps(data)))
+        return {"reward_score": 0.0, "reward_extra_info": {}}
 
 
 def test_verls_compute_score_gives_what_verls_reward_worker_gives(config, tokenizer):
     local = local_reward.reward_handles(config, ["verl's actor handles"])
     assert len(local) == 1 and isinstance(local[0], local_reward.LocalRewardHandle)
-    seen = RowsSeen()
+    seen = AsActor(RowsSeen())
     requests = [output_and_kwargs(tokenizer, text, truth, i) for i, (text, truth) in enumerate(RESPONSES)]
 
     async def score_all(handles):
@@ -92,10 +86,11 @@ def test_verls_compute_score_gives_what_verls_reward_worker_gives(config, tokeni
 
     ours = asyncio.run(score_all(local))
     asyncio.run(score_all([seen]))
+    assert seen.calls == ["compute_score"] * len(RESPONSES)
 
     async def reference():
         actor = RewardLoopWorker(config)  # what the actor runs on the row Ray unpickles
-        return [await actor.compute_score(row) for row in seen.rows]
+        return [await actor.compute_score(row) for row in seen.obj.rows]
 
     expected = asyncio.run(reference())
     assert [out.reward_score for out in ours] == [r["reward_score"] for r in expected] == [1.0, -1.0, -1.0, 1.0, -1.0]
@@ -104,7 +99,7 @@ def test_verls_compute_score_gives_what_verls_reward_worker_gives(config, tokeni
     assert local[0].worker is not None  # built once, on the first request, and kept
     # verl's naive manager writes num_turns and rollout_reward_scores into the row's extra_info: a copy's, as
     # over Ray, never the request's own (which the worker then stores in TransferQueue with the trajectory)
-    assert "num_turns" in seen.rows[0].non_tensor_batch["extra_info"][0]
+    assert "num_turns" in seen.obj.rows[0].non_tensor_batch["extra_info"][0]
     assert all(kw["extra_info"] == {"index": i} for i, (_, kw) in enumerate(requests))
 
 

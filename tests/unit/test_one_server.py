@@ -1,6 +1,6 @@
 """Requests straight to the one rollout server (stapo/verl_plugin/one_server.py): verl's own load balancer
-(``GlobalRequestLoadBalancer``, its real class, called through a shim that answers ``.remote`` as an actor
-does, counting the calls) is asked once, then every request goes to its server with no balancer call; a
+(``GlobalRequestLoadBalancer``, its real class, called through tests/actor_shim.py, which answers ``.remote`` as
+an actor does, counting the calls) is asked once, then every request goes to its server with no balancer call; a
 balancer with two servers is refused on the first request, naming the setting; the setting chooses the client.
 The server is a stand-in that records requests (the HF server needs a Ray cluster); a whole run with it is
 tests/e2e/test_paired.py (its GRPO run on the CPU presets' direct client equals, bit for bit, its STAPO run
@@ -17,30 +17,8 @@ from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
 from stapo.verl_plugin import one_server
 from stapo.verl_plugin.run_checks import STAPOConfigError, validate_run_config
+from tests.actor_shim import AsActor
 from tests.recipe_config import config_for_verl
-
-
-class AsActor:
-    """``obj.method.remote(...)`` answered as a Ray actor answers it (an awaitable), counting calls by name."""
-
-    def __init__(self, obj):
-        self.obj, self.calls = obj, []
-
-    def __getattr__(self, name):
-        method, calls = getattr(self.obj, name), self.calls
-
-        class Remote:
-            @staticmethod
-            def remote(*args, **kwargs):
-                calls.append(name)
-                result = method(*args, **kwargs)
-                if asyncio.iscoroutine(result):
-                    return result
-
-                async def done():
-                    return result
-                return done()
-        return Remote()
 
 
 class Server:
