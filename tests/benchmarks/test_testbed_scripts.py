@@ -474,3 +474,12 @@ def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_
     assert sorted(kept, key=int) == [str(step) for step in range(1, 21)]
     count = sum(len(metrics) for metrics in kept.values())
     assert f"the {count:,} values each of the 11 runs logged other than timings" in flat
+    # the py-spy figures the section quotes are the profile file's
+    profile = (folder / "2026-11-27-agent-loop-worker-profile.txt").read_text()
+    seconds = {name: line.split()[1] for line in profile.splitlines() if line.startswith("incl ")
+               for name in [line.split(maxsplit=2)[2]]}
+    assert (f"({seconds['deepcopy']} s against {seconds['RewardLoopWorker.compute_score']} s in "
+            "`RewardLoopWorker.compute_score`") in flat
+    assert (f"of the {seconds['SharedLoopWorker._run_agent_loop']} s the py-spy found in its `_run_agent_loop`, "
+            f"TransferQueue's put (`async_kv_batch_put`) took {seconds['async_kv_batch_put']} s and the trajectory's "
+            f"TensorDict (`list_of_dict_to_tensordict`) {seconds['list_of_dict_to_tensordict']} s") in flat
