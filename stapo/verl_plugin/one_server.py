@@ -8,9 +8,10 @@ there is nothing to balance and no session to keep sticky: ``OneServerClient`` a
 holds exactly one server, and sends every later request to that server. Its in-flight counts then stay at zero,
 which only a balancer choosing among several servers would read.
 
-Off by default (``stapo.one_server_direct``); the CPU presets (one HF server; conf/model_preset/tiny.yaml and those
-built on it) turn it on. A run whose balancer holds several servers, or adds servers later (elastic or fully async
-rollout), keeps verl's client: the first request fails, naming the setting, if the balancer does not hold exactly one.
+Off by default (``stapo.one_server_direct``); the CPU presets (conf/model_preset/tiny.yaml and those built on it)
+turn it on. When the balancer holds several servers (the same presets on two nodes or two rollout replicas: one
+server each), the client says so once and goes on as verl's, through the balancer for every request, so the
+setting never stops a run. A run that adds servers later (fully async rollout) keeps verl's client subclass.
 """
 
 from __future__ import annotations
@@ -29,24 +30,34 @@ class OneServerClient(LLMServerClient):
 
     def __init__(self, config, load_balancer_handle=None, **kwargs):
         super().__init__(config, load_balancer_handle=load_balancer_handle, **kwargs)
-        self._one_server: asyncio.Task | None = None  # the first request's lookup, awaited by every request
+        # the first request's lookup, awaited by every request: the one server, or None when there are several
+        self._one_server: asyncio.Task | None = None
 
     async def _acquire_server(self, request_id: str, **extra):
         if self._one_server is None:
             self._one_server = asyncio.ensure_future(self._find_one_server(request_id, **extra))
-        return await self._one_server
+        chosen = await self._one_server
+        return chosen if chosen is not None else await super()._acquire_server(request_id, **extra)
 
-    async def _find_one_server(self, request_id: str, **extra) -> tuple[str, Any]:
+    async def _find_one_server(self, request_id: str, **extra) -> tuple[str, Any] | None:
         servers = await self._load_balancer.get_all_servers.remote()
         if len(servers) != 1:
-            raise RuntimeError(f"{SETTING}=true needs exactly one rollout server; the load balancer holds "
-                               f"{len(servers)}: set {SETTING}=false")
+            print(f"[stapo] {SETTING}=true: the load balancer holds {len(servers)} rollout servers; requests go "
+                  "through it as in verl", flush=True)
+            return None
         chosen = await super()._acquire_server(request_id, **extra)
         super()._release_server(chosen[0], request_id=request_id)
         return chosen
 
+    @property
+    def balanced(self) -> bool:
+        """True once the first request found several servers (every request then goes through the balancer)."""
+        return self._one_server is not None and self._one_server.done() and self._one_server.result() is None
+
     def _release_server(self, server_id: str, request_id: str | None = None) -> None:
-        return None  # nothing was counted in
+        if self.balanced:
+            super()._release_server(server_id, request_id=request_id)
+        # with one server nothing was counted in
 
 
 def client_for(config, client):

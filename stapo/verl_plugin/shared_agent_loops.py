@@ -44,7 +44,8 @@ class SharedLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         client = one_server.client_for(self.config, self.llm_client)
         if client is not self.llm_client:
             self.llm_client = client
-            print(f"[stapo] requests go straight to the one rollout server ({one_server.SETTING}=true)", flush=True)
+            print(f"[stapo] requests go straight to the rollout server when it is the only one "
+                  f"({one_server.SETTING}=true)", flush=True)
         handles = local_reward.reward_handles(self.config, self.reward_loop_worker_handles)
         if handles is not self.reward_loop_worker_handles:
             self.reward_loop_worker_handles = handles

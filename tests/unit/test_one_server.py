@@ -1,7 +1,8 @@
 """Requests straight to the one rollout server (stapo/verl_plugin/one_server.py): verl's own load balancer
 (``GlobalRequestLoadBalancer``, its real class, called through tests/actor_shim.py, which answers ``.remote`` as
-an actor does, counting the calls) is asked once, then every request goes to its server with no balancer call; a
-balancer with two servers is refused on the first request, naming the setting; the setting chooses the client.
+an actor does, counting the calls) is asked once, then every request goes to its server with no balancer call; with
+two servers (the CPU presets on two nodes) the client says so and balances every request as verl's does; the
+setting chooses the client.
 The server is a stand-in that records requests (the HF server needs a Ray cluster); a whole run with it is
 tests/e2e/test_paired.py (its GRPO run on the CPU presets' direct client equals, bit for bit, its STAPO run
 through verl's balancer)."""
@@ -66,10 +67,23 @@ def test_the_balancer_is_asked_once_then_every_request_goes_to_its_server(config
     assert verls._load_balancer.calls.count("acquire_server") == 1  # verl's: two balancer calls every request
 
 
-def test_a_balancer_with_two_servers_is_refused_naming_the_setting(config):
-    client = one_server.client_for(config, LLMServerClient(config, balancer_with({"a": Server(), "b": Server()})))
-    with pytest.raises(RuntimeError, match=r"stapo.one_server_direct=true needs exactly one rollout server; .* 2"):
-        asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={}))
+def test_with_two_servers_every_request_goes_through_the_balancer_as_in_verl(config, capsys):
+    servers = {"a": Server(), "b": Server()}
+    balancer = balancer_with(servers)
+    client = one_server.client_for(config, LLMServerClient(config, balancer))
+
+    async def requests():
+        return await asyncio.gather(*(
+            client.generate(f"r{i}", prompt_ids=[i], sampling_params={}) for i in range(8)))
+
+    assert [out.token_ids for out in asyncio.run(requests())] == [[i] for i in range(8)]
+    assert client.balanced
+    assert "stapo.one_server_direct=true: the load balancer holds 2 rollout servers" in capsys.readouterr().out
+    assert balancer.calls.count("acquire_server") == 8 and balancer.calls.count("release_server") == 8
+    assert balancer.calls.count("get_all_servers") == 1
+    assert servers["a"].prompts and servers["b"].prompts  # the balancer spread them, as it does for verl's client
+    assert sorted(servers["a"].prompts + servers["b"].prompts) == [[i] for i in range(8)]
+    assert balancer.obj.get_inflight_count("a") == balancer.obj.get_inflight_count("b") == 0
 
 
 def test_the_setting_chooses_the_client(config):
