@@ -47,7 +47,9 @@ def summary(run: dict) -> dict:
     steps = run["steps"]
     later = [s for s in steps if int(s) >= 2]
     medians = {p: statistics.median(steps[s]["timing_s"][p] for s in later) for p in PHASES}
-    testing = {int(s): v["timing_s"]["testing"] for s, v in steps.items() if "testing" in v["timing_s"]}
+    # in step order whatever the file's key order (a JSON written with sort_keys puts "10" before "5")
+    testing = {int(s): v["timing_s"]["testing"] for s, v in sorted(steps.items(), key=lambda item: int(item[0]))
+               if "testing" in v["timing_s"]}
     # step 0 (a validation before training) logs no step time
     in_steps = sum(v["timing_s"].get("step", 0.0) + v["timing_s"].get("testing", 0.0) for v in steps.values())
     return {"median_s": medians, "testing_s": testing, "wall_s": run["wall_s"],

@@ -570,3 +570,23 @@ def test_the_long_horizon_archive_holds_the_finished_runs_results_md_names():
     readme = " ".join((RESULTS / "README.md").read_text().split())
     assert "Finished so far: GRPO seed 1, JustRL seeds 1 and 2 and STAPO seeds 1 and 2." in readme
     assert "commit 0777993" in (RESULTS / "tailbed-long-horizon" / "COMMAND").read_text()
+
+
+def test_the_builds_across_machine_kinds_are_what_the_reproducibility_doc_quotes():
+    """docs/reproducibility.md: the testbed's held-out pass rates and the tailbed's calibration on the AMD EPYC, on the
+    Intel Xeon, and on the Xeon capped to AVX2, each from the measurement file it names."""
+    folder = REPO / "benchmarks" / "tailbed"
+    doc = " ".join((REPO / "docs" / "reproducibility.md").read_text().split())
+
+    def rates(name: str) -> str:
+        control = json.loads((folder / name).read_text())
+        return f"{control['greedy_pass_rate']:.3f} / {control['t1_pass_rate']:.3f}"
+
+    assert (f"a greedy / T=1 held-out pass rate of {rates('testbed-control-2026-11-28-xeon-avx512.json')} "
+            f"(`benchmarks/tailbed/testbed-control-2026-11-28-xeon-avx512.json`) against the AMD EPYC's "
+            f"{rates('testbed-control.json')}") in doc
+    assert f"either ({rates('testbed-control-2026-11-28-xeon-avx2-capped.json')}," in doc
+    beta = {name: json.loads((folder / name).read_text())["beta"]
+            for name in ("stapo_tailbed-2026-11-28-xeon-avx512.json", "stapo_tailbed.json")}
+    assert (f"a calibration beta of {beta['stapo_tailbed-2026-11-28-xeon-avx512.json']:.2f} against "
+            f"{beta['stapo_tailbed.json']:.2f}") in doc

@@ -430,6 +430,15 @@ def test_the_make_demo_every_20_table_and_readmes_demo_row_are_recomputed_from_t
             f"{min(testing):.1f}-{max(testing):.1f} s") in readme
 
 
+def pooled_runs(found: dict, names: tuple, prefix: str, key: str) -> list[float]:
+    """The sorted values of ``key`` (a phase's median, or every validation's time for ``testing``) over the runs of
+    ``names`` whose name starts with ``prefix``: one arm of an A/B."""
+    chosen = [found[name] for name in names if name.startswith(prefix)]
+    if key == "testing":
+        return sorted(v for run in chosen for v in run["testing_s"].values())
+    return sorted(run["median_s"][key] for run in chosen)
+
+
 HOPS_SETTINGS = ("base-1", "hops-1", "hops2w-1", "hops2w-2", "hops-2", "base-2")
 HOPS_DEFAULTS = ("new-1", "new-2", "old-a", "old-b", "new-3")
 
@@ -448,10 +457,7 @@ def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_
     flat = " ".join(text.split())
 
     def pooled(prefix: str, key: str) -> list[float]:
-        chosen = [found[name] for name in HOPS_DEFAULTS if name.startswith(prefix)]
-        if key == "testing":
-            return sorted(v for run in chosen for v in run["testing_s"].values())
-        return sorted(run["median_s"][key] for run in chosen)
+        return pooled_runs(found, HOPS_DEFAULTS, prefix, key)
 
     new, old = pooled("new", "testing"), pooled("old", "testing")
     gen_new, gen_old = pooled("new", "gen"), pooled("old", "gen")
@@ -483,3 +489,43 @@ def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_
     assert (f"of the {seconds['SharedLoopWorker._run_agent_loop']} s the py-spy found in its `_run_agent_loop`, "
             f"TransferQueue's put (`async_kv_batch_put`) took {seconds['async_kv_batch_put']} s and the trajectory's "
             f"TensorDict (`list_of_dict_to_tensordict`) {seconds['list_of_dict_to_tensordict']} s") in flat
+
+
+TWO_WORKERS = ("two-1", "one-1", "one-2", "two-2")
+
+
+def test_the_two_agent_loop_workers_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
+    """BENCHMARKS.md, "two agent-loop workers": the table, the ranges, medians and ratios under it from the four runs'
+    parsed logs and the model work, and every run's logged values hashing to the kept run's."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    runs = json.loads((folder / "2026-11-28-two-agent-loop-workers.json").read_text())
+    work = json.loads((folder / "2026-11-28-two-agent-loop-workers-model-work.json").read_text())
+    text = (REPO / "BENCHMARKS.md").read_text()
+    found = {name: summary(runs[name]) for name in TWO_WORKERS}
+    assert_trainer_rows(text, [found[name] for name in TWO_WORKERS], "5, 10, 15, 20")
+    flat = " ".join(text.split())
+
+    def pooled(prefix: str, key: str) -> list[float]:
+        return pooled_runs(found, TWO_WORKERS, prefix, key)
+
+    two, one = pooled("two", "testing"), pooled("one", "testing")
+    assert (f"{two[0]:.1f}-{two[-1]:.1f} s against {one[0]:.1f}-{one[-1]:.1f} s (medians "
+            f"{statistics.median(two):.1f} and {statistics.median(one):.1f} s)") in flat
+    gen_two, gen_one = pooled("two", "gen"), pooled("one", "gen")
+    assert f"`gen` {gen_two[0]:.2f}-{gen_two[-1]:.2f} s against {gen_one[0]:.2f}-{gen_one[-1]:.2f} s" in flat
+    assert (f"decoded as one batch {work['decode_step_s']:.2f} s, forward + backward + GainAdamW "
+            f"{work['update_s']:.2f} s, so {work['step_model_work_s']:.2f} s a step; the validation's 64 x 8 decoded "
+            f"{work['decode_validation_s']:.2f} s") in flat
+    step, decode = work["step_model_work_s"], work["decode_validation_s"]
+    ratios = {round(statistics.median(pooled(p, "step")) / step, 1) for p in ("one", "two")}
+    assert ratios == {2.1} and "the step is 2.1x its model work either way" in flat
+    assert (f"a validation {statistics.median(two) / decode:.1f}x its decode ({statistics.median(one) / decode:.1f}x "
+            "with one worker)") in flat
+    outside = " and ".join(f"{found[name]['outside_steps_s']:.1f}" for name in ("two-1", "two-2"))
+    assert f"{outside} s with two workers" in flat
+    logged = json.loads((folder / "2026-11-28-two-agent-loop-workers-metrics.json").read_text())
+    kept = logged["runs"]["one-1"]
+    digest = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
+    assert sorted(logged["sha256"]) == sorted(TWO_WORKERS) and set(logged["sha256"].values()) == {digest}
+    count = sum(len(metrics) for metrics in kept.values())
+    assert f"the four runs logged the same {count:,} values other than timings" in flat
