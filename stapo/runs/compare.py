@@ -239,7 +239,8 @@ def build_comparison(
         "acc_key": "val/average/acc",
         "groups": summary,
     }
-    text = step_line(document) + markdown_table(summary) + tail_table(summary) + decoding_table(summary)
+    warnings = "".join(f"**Warning**: {warning}\n\n" for warning in document.get("warnings", []))
+    text = warnings + step_line(document) + markdown_table(summary) + tail_table(summary) + decoding_table(summary)
     if paired and len(summary) > 1:
         baseline = summary[0]["group"] if baseline is None else baseline
         document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}

@@ -64,6 +64,7 @@ from stapo.runs.folder import (
     read_run_metrics,
     write_record,
 )
+from stapo.runs.machine import machine_kind, mixed_machines
 from stapo.sweep.grid import Axis, PlannedRun, axis_label, found_seeds, parse_axis, parse_seeds, plan
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -104,7 +105,9 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
     overrides = run.overrides(common)
     segments = earlier_segments(run.run_dir)  # a resumed run's wall time counts every segment
     started_at = time.time()
-    write_record(run, launcher="local", overrides=overrides, started_at=started_at, segments_s=segments)
+    machine = machine_kind()
+    write_record(run, launcher="local", overrides=overrides, started_at=started_at, segments_s=segments,
+                 machine=machine)
     label = f"{run.cell} seed {run.seed}"
     result = run_trainer(overrides, run.run_dir, total_steps(overrides), label, echo=echo)
     segments.append(round(result.seconds, 1))
@@ -118,6 +121,7 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
         peak_rss_bytes=result.peak_rss_bytes,
         started_at=started_at,  # of the last segment
         finished_at=time.time(),
+        machine=machine,  # of the last segment
     )
     return result.returncode
 
@@ -147,6 +151,10 @@ def compare(
             print(f"[sweep] {run.cell} seed {run.seed}: no metrics yet, left out of the comparison", flush=True)
     if not loaded:
         return []
+    mixed = mixed_machines([read_record(run.run_dir) for run in runs])
+    if mixed:
+        print(f"[sweep] warning: {mixed}", flush=True)
+        meta = {**meta, "warnings": [*meta.get("warnings", []), mixed]}
     groups = group_runs(loaded)
     if baseline is not None and baseline not in groups:
         # the runs are kept, the table is written

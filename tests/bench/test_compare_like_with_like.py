@@ -221,3 +221,26 @@ def test_a_resumed_runs_wall_time_is_the_sum_of_its_segments(tmp_path):
     # a folder without metrics starts afresh: an old record's time is not carried over
     (run_dir / "metrics.jsonl").unlink()
     assert earlier_segments(run_dir) == []
+
+
+def test_runs_made_on_two_kinds_of_machine_are_compared_with_a_warning_in_the_console_and_the_files(tmp_path, capsys):
+    """The sweep record keeps the machine's kind (stapo/runs/machine.py); a comparison over runs of several kinds says
+    so (they are not paired bit for bit); records from before the field, or of one kind, say nothing."""
+    from stapo.sweep.cli import main
+
+    rng = np.random.default_rng()
+    runs = plan([parse_axis("algo=justrl,stapo")], [1, 2], tmp_path)
+    for run in runs:
+        fake_run(run.run_dir, run.seed, run.cell, STEPS, rng)
+    argv = ["--grid", "algo=justrl,stapo", "--seeds", "1,2", "--out", str(tmp_path), "--compare-only"]
+    assert main(argv) == 0
+    assert "kinds of machine" not in capsys.readouterr().out + (tmp_path / "comparison.md").read_text()
+    for run, kind in zip(runs, ["AMD EPYC (AVX2)", "AMD EPYC (AVX2)", "Intel(R) Xeon(R) Processor (AMX)", None]):
+        record = json.loads((run.run_dir / "sweep_run.json").read_text())
+        (run.run_dir / "sweep_run.json").write_text(json.dumps({**record, "machine": kind}), encoding="utf-8")
+    assert main(argv) == 0
+    warning = ("the compared runs were made on 2 kinds of machine (AMD EPYC (AVX2); Intel(R) Xeon(R) Processor (AMX)): "
+               "runs of one seed are not paired bit for bit across kinds")
+    assert f"[sweep] warning: {warning}" in capsys.readouterr().out
+    assert (tmp_path / "comparison.md").read_text().startswith(f"**Warning**: {warning}")
+    assert json.loads((tmp_path / "comparison.json").read_text())["warnings"][0].startswith(warning)
