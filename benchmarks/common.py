@@ -181,14 +181,9 @@ def rss_kib() -> tuple[int, int]:
 
 
 def machine_info(device: torch.device) -> dict[str, str]:
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from stapo.runs.machine import cpuinfo_fields
+
+    cpu = cpuinfo_fields().get("model name", "unknown CPU")
     import os
 
     cores = os.cpu_count() or 0

@@ -15,8 +15,8 @@ from pathlib import Path
 EXTENSIONS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
 
 
-def machine_kind(cpuinfo: str | None = None) -> str:
-    """``"<CPU model name> (<widest vector extension>)"``, from ``/proc/cpuinfo`` (or ``cpuinfo``'s text)."""
+def cpuinfo_fields(cpuinfo: str | None = None) -> dict[str, str]:
+    """The first processor's fields of ``/proc/cpuinfo`` (or of ``cpuinfo``'s text); empty where there is none."""
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
@@ -25,6 +25,12 @@ def machine_kind(cpuinfo: str | None = None) -> str:
         key, sep, value = line.partition(":")
         if sep and key.strip() not in fields:
             fields[key.strip()] = value.strip()
+    return fields
+
+
+def machine_kind(cpuinfo: str | None = None) -> str:
+    """``"<CPU model name> (<widest vector extension>)"``, from ``/proc/cpuinfo`` (or ``cpuinfo``'s text)."""
+    fields = cpuinfo_fields(cpuinfo)
     model = fields.get("model name") or platform.processor() or "unknown CPU"
     flags = set(fields.get("flags", "").split())
     widest = next((name for flag, name in EXTENSIONS if flag in flags), "no AVX2")

@@ -151,7 +151,7 @@ def compare(
             print(f"[sweep] {run.cell} seed {run.seed}: no metrics yet, left out of the comparison", flush=True)
     if not loaded:
         return []
-    mixed = mixed_machines([read_record(run.run_dir) for run in runs])
+    mixed = mixed_machines([run.record for run in loaded])  # the records load_run read
     if mixed:
         print(f"[sweep] warning: {mixed}", flush=True)
         meta = {**meta, "warnings": [*meta.get("warnings", []), mixed]}
