@@ -529,3 +529,25 @@ def test_the_two_agent_loop_workers_timings_are_what_benchmarks_md_quotes_and_th
     assert sorted(logged["sha256"]) == sorted(TWO_WORKERS) and set(logged["sha256"].values()) == {digest}
     count = sum(len(metrics) for metrics in kept.values())
     assert f"the four runs logged the same {count:,} values other than timings" in flat
+
+
+def test_the_make_demo_on_the_xeon_table_is_recomputed_from_its_files():
+    """BENCHMARKS.md, "make demo on an Intel Xeon": its table, shares, ratios and accuracies from the three files."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    run = json.loads((folder / "2026-11-28-make-demo-xeon.json").read_text())["make-demo"]
+    work = json.loads((folder / "2026-11-28-make-demo-xeon-model-work.json").read_text())
+    demo = json.loads((folder / "2026-11-28-make-demo-xeon-summary.json").read_text())
+    found, step_sum, testing, flat = assert_demo_table(run, work, validations=5)
+    flat = flat.replace(" %", "%")
+    assert f"`make demo` took {found['wall_s'] / 60:.1f} min against the goal of 4" in flat
+    assert (f"the 100 steps are {step_sum / found['wall_s']:.0%} of it, the five validations "
+            f"{sum(testing) / found['wall_s']:.0%}") in flat
+    held_out = {int(s): v["held_out_acc"] for s, v in run["steps"].items() if v["held_out_acc"] is not None}
+    assert (demo["summary"]["heldout_acc_before"], demo["summary"]["heldout_acc_after"]) == (held_out[0], held_out[100])
+    train = {int(s): v for s, v in demo["train_acc"].items()}
+    first, last = (statistics.mean(train[s] for s in range(a, a + 10)) for a in (1, 91))
+    assert (f"rose from {held_out[0]:.3f} before training to {held_out[100]:.3f} at step 100, the training accuracy "
+            f"(mean of steps 1-10, then 91-100) from {first:.2f} to {last:.2f}") in flat
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert (f"same command took {found['wall_s'] / 60:.1f} min, {found['median_s']['step']:.1f} s a step (median); its "
+            f"held-out accuracy, {held_out[0]:.3f} -> {held_out[100]:.3f}, is that machine's build") in readme
