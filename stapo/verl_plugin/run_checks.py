@@ -354,7 +354,7 @@ def _check_recipe_keys(config) -> None:
     if batching not in BATCH_CHOICES:
         raise STAPOConfigError(f"stapo.hf_rollout_batch must be one of {list(BATCH_CHOICES)}, got {batching!r}")
     switches = {key: OmegaConf.select(config, f"stapo.{key}", default=False)
-                for key in ("reward_in_agent_loop", "one_server_direct")}
+                for key in ("reward_in_agent_loop", "one_server_direct", "tq_group_puts")}
     for key, value in switches.items():
         if not isinstance(value, bool):
             raise STAPOConfigError(f"stapo.{key} must be true or false, got {value!r}")

@@ -25,7 +25,7 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.utils.rollout_trace import rollout_trace_attr
 
-from stapo.verl_plugin import local_reward, one_server
+from stapo.verl_plugin import group_puts, local_reward, one_server
 from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
 
 # agent loops whose instance holds nothing of a request: one instance serves a worker's requests
@@ -35,8 +35,8 @@ MANAGER_PATH = "stapo.verl_plugin.shared_agent_loops.SharedLoopManager"
 
 class SharedLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's ``AgentLoopWorkerTQ`` whose shareable agent loops are built once, on their first request; when the
-    config asks, it sends requests straight to the one rollout server (``one_server``) and scores rule-based
-    rewards in its own process (``local_reward``)."""
+    config asks, it sends requests straight to the one rollout server (``one_server``), scores rule-based
+    rewards in its own process (``local_reward``) and puts each prompt group's samples in one call (``group_puts``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -50,6 +50,12 @@ class SharedLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
         if handles is not self.reward_loop_worker_handles:
             self.reward_loop_worker_handles = handles
             print(f"[stapo] rewards scored in the agent-loop worker ({local_reward.SETTING}=true)", flush=True)
+        if group_puts.wanted(self.config):
+            from verl.trainer.ppo.v1 import agent_loop_tq
+
+            group_puts.install(agent_loop_tq)
+            print(f"[stapo] a prompt group's samples go to TransferQueue in one put ({group_puts.SETTING}=true)",
+                  flush=True)
 
     def shared_loop(self, agent_name: str):
         """The one instance of ``agent_name``, built with the arguments verl's worker passes every time."""
