@@ -15,9 +15,10 @@ storage before the same status, in the same order, so what the replay buffer rea
 group's rows of unequal length are stored from one jagged column instead of one row each: the same values). Every
 other call passes through to TransferQueue.
 
-Off by default (``stapo.tq_group_puts``); the CPU presets (conf/model_preset/tiny.yaml and those built on it) turn
-it on. It changes when a sample becomes visible in TransferQueue (with its group's status, not before), which only
-a consumer reading samples before their group finished would see: verl's sync trainer does not.
+Off by default (``stapo.tq_group_puts=true`` turns it on): in 20-step testbed runs on 2 cores it gave the same numbers
+and was not told apart from verl's per-sample puts (BENCHMARKS.md, "a group's samples put at once"). It changes when
+a sample becomes visible in TransferQueue (with its group's status, not before), which only a consumer reading
+samples before their group finished would see: verl's sync trainer does not.
 """
 
 from __future__ import annotations

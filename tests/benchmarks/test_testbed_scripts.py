@@ -551,3 +551,42 @@ def test_the_make_demo_on_the_xeon_table_is_recomputed_from_its_files():
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (f"same command took {found['wall_s'] / 60:.1f} min, {found['median_s']['step']:.1f} s a step (median); its "
             f"held-out accuracy, {held_out[0]:.3f} -> {held_out[100]:.3f}, is that machine's build") in readme
+
+
+GROUP_PUTS = ("grouped-1", "persample-1", "persample-2", "grouped-2")
+
+
+def test_the_group_puts_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
+    """BENCHMARKS.md, "a group's samples put at once": the table, ranges, medians and ratios from the four runs' parsed
+    logs and the model work; every run's logged values hash to the kept run's, which is the ninth section's hash."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    runs = json.loads((folder / "2026-11-28-group-puts.json").read_text())
+    work = json.loads((folder / "2026-11-28-group-puts-model-work.json").read_text())
+    text = (REPO / "BENCHMARKS.md").read_text()
+    found = {name: summary(runs[name]) for name in GROUP_PUTS}
+    assert_trainer_rows(text, [found[name] for name in GROUP_PUTS], "5, 10, 15, 20")
+    flat = " ".join(text.split())
+
+    def pooled(prefix: str, key: str) -> list[float]:
+        return pooled_runs(found, GROUP_PUTS, prefix, key)
+
+    grouped, alone = pooled("grouped", "testing"), pooled("persample", "testing")
+    assert (f"a validation {grouped[0]:.1f}-{grouped[-1]:.1f} s grouped against {alone[0]:.1f}-{alone[-1]:.1f} s per "
+            f"sample (medians {statistics.median(grouped):.1f} and {statistics.median(alone):.1f} s)") in flat
+    gen_grouped, gen_alone = pooled("grouped", "gen"), pooled("persample", "gen")
+    assert (f"`gen` {gen_grouped[0]:.2f}-{gen_grouped[-1]:.2f} s against {gen_alone[0]:.2f}-{gen_alone[-1]:.2f} s"
+            in flat)
+    step, decode = work["step_model_work_s"], work["decode_validation_s"]
+    assert f"model work ({step:.2f} s a step, the validation's decode {decode:.2f} s)" in flat
+    ratios = {round(statistics.median(pooled(p, "step")) / step, 1) for p in ("grouped", "persample")}
+    assert ratios == {1.9} and "a step is 1.9x its model work either way" in flat
+    assert (f"a validation {statistics.median(grouped) / decode:.1f}x its decode grouped "
+            f"({statistics.median(alone) / decode:.1f}x per sample)") in flat
+    logged = json.loads((folder / "2026-11-28-group-puts-metrics.json").read_text())
+    kept = logged["runs"]["grouped-1"]
+    digest = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
+    assert sorted(logged["sha256"]) == sorted(GROUP_PUTS) and set(logged["sha256"].values()) == {digest}
+    ninth = json.loads((folder / "2026-11-28-two-agent-loop-workers-metrics.json").read_text())
+    assert set(ninth["sha256"].values()) == {digest}  # "the same SHA-256 as the four runs of the ninth section"
+    count = sum(len(metrics) for metrics in kept.values())
+    assert f"the four runs logged the same {count:,} values other than timings, with the same SHA-256" in flat

@@ -4,7 +4,8 @@ Real parts: a local Ray with TransferQueue started as verl's task runner starts 
 ``AgentLoopWorkerTQ._agent_loop_postprocess`` building and putting each sample; only the worker's Ray actor is left
 out (its state is set on a ``SharedLoopWorker`` object, as tests/unit/test_local_reward.py does). The rows one
 grouped put stores are compared, field by field, with the rows verl's per-sample puts store for the same samples;
-that a whole run logs the same numbers with it is tests/e2e (the CPU presets turn it on)."""
+that whole testbed runs log the same numbers with it is BENCHMARKS.md's "a group's samples put at once" (four runs,
+every logged value hashed)."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def test_a_bad_value_is_refused_before_ray_starts(value):
         validate_run_config(config)
 
 
-def test_the_cpu_presets_turn_it_on_and_verls_default_is_off():
-    assert group_puts.wanted(config_for_verl("model_preset=tiny"))
-    assert group_puts.wanted(config_for_verl("model_preset=testbed"))
-    assert not group_puts.wanted(config_for_verl("model_preset=tiny", "stapo.tq_group_puts=false"))
+def test_it_is_off_unless_asked_for():
+    assert not group_puts.wanted(config_for_verl("model_preset=tiny"))
+    assert not group_puts.wanted(config_for_verl("model_preset=testbed"))
+    assert group_puts.wanted(config_for_verl("model_preset=testbed", "stapo.tq_group_puts=true"))
