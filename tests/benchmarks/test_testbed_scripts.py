@@ -491,19 +491,34 @@ def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_
             f"TensorDict (`list_of_dict_to_tensordict`) {seconds['list_of_dict_to_tensordict']} s") in flat
 
 
+def load_ab(stem: str, names: tuple) -> tuple[dict, dict, str]:
+    """An A/B of 20-step testbed runs under benchmarks/testbed_runs/<stem>*.json: each run's summary and the model
+    work, after checking BENCHMARKS.md's table (one column a run, in ``names``' order); and the flattened file."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    runs = json.loads((folder / f"{stem}.json").read_text())
+    work = json.loads((folder / f"{stem}-model-work.json").read_text())
+    text = (REPO / "BENCHMARKS.md").read_text()
+    found = {name: summary(runs[name]) for name in names}
+    assert_trainer_rows(text, [found[name] for name in names], "5, 10, 15, 20")
+    return found, work, " ".join(text.split())
+
+
+def logged_alike(stem: str, names: tuple, kept: str) -> tuple[str, int]:
+    """The SHA-256 of the kept run's logged values, which every run's must equal, and how many values it holds."""
+    logged = json.loads((REPO / "benchmarks" / "testbed_runs" / f"{stem}-metrics.json").read_text())
+    values = logged["runs"][kept]
+    digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+    assert sorted(logged["sha256"]) == sorted(names) and set(logged["sha256"].values()) == {digest}
+    return digest, sum(len(metrics) for metrics in values.values())
+
+
 TWO_WORKERS = ("two-1", "one-1", "one-2", "two-2")
 
 
 def test_the_two_agent_loop_workers_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
     """BENCHMARKS.md, "two agent-loop workers": the table, the ranges, medians and ratios under it from the four runs'
     parsed logs and the model work, and every run's logged values hashing to the kept run's."""
-    folder = REPO / "benchmarks" / "testbed_runs"
-    runs = json.loads((folder / "2026-11-28-two-agent-loop-workers.json").read_text())
-    work = json.loads((folder / "2026-11-28-two-agent-loop-workers-model-work.json").read_text())
-    text = (REPO / "BENCHMARKS.md").read_text()
-    found = {name: summary(runs[name]) for name in TWO_WORKERS}
-    assert_trainer_rows(text, [found[name] for name in TWO_WORKERS], "5, 10, 15, 20")
-    flat = " ".join(text.split())
+    found, work, flat = load_ab("2026-11-28-two-agent-loop-workers", TWO_WORKERS)
 
     def pooled(prefix: str, key: str) -> list[float]:
         return pooled_runs(found, TWO_WORKERS, prefix, key)
@@ -523,11 +538,7 @@ def test_the_two_agent_loop_workers_timings_are_what_benchmarks_md_quotes_and_th
             "with one worker)") in flat
     outside = " and ".join(f"{found[name]['outside_steps_s']:.1f}" for name in ("two-1", "two-2"))
     assert f"{outside} s with two workers" in flat
-    logged = json.loads((folder / "2026-11-28-two-agent-loop-workers-metrics.json").read_text())
-    kept = logged["runs"]["one-1"]
-    digest = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
-    assert sorted(logged["sha256"]) == sorted(TWO_WORKERS) and set(logged["sha256"].values()) == {digest}
-    count = sum(len(metrics) for metrics in kept.values())
+    _, count = logged_alike("2026-11-28-two-agent-loop-workers", TWO_WORKERS, "one-1")
     assert f"the four runs logged the same {count:,} values other than timings" in flat
 
 
@@ -559,13 +570,7 @@ GROUP_PUTS = ("grouped-1", "persample-1", "persample-2", "grouped-2")
 def test_the_group_puts_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
     """BENCHMARKS.md, "a group's samples put at once": the table, ranges, medians and ratios from the four runs' parsed
     logs and the model work; every run's logged values hash to the kept run's, which is the ninth section's hash."""
-    folder = REPO / "benchmarks" / "testbed_runs"
-    runs = json.loads((folder / "2026-11-28-group-puts.json").read_text())
-    work = json.loads((folder / "2026-11-28-group-puts-model-work.json").read_text())
-    text = (REPO / "BENCHMARKS.md").read_text()
-    found = {name: summary(runs[name]) for name in GROUP_PUTS}
-    assert_trainer_rows(text, [found[name] for name in GROUP_PUTS], "5, 10, 15, 20")
-    flat = " ".join(text.split())
+    found, work, flat = load_ab("2026-11-28-group-puts", GROUP_PUTS)
 
     def pooled(prefix: str, key: str) -> list[float]:
         return pooled_runs(found, GROUP_PUTS, prefix, key)
@@ -582,11 +587,7 @@ def test_the_group_puts_timings_are_what_benchmarks_md_quotes_and_the_runs_logge
     assert ratios == {1.9} and "a step is 1.9x its model work either way" in flat
     assert (f"a validation {statistics.median(grouped) / decode:.1f}x its decode grouped "
             f"({statistics.median(alone) / decode:.1f}x per sample)") in flat
-    logged = json.loads((folder / "2026-11-28-group-puts-metrics.json").read_text())
-    kept = logged["runs"]["grouped-1"]
-    digest = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
-    assert sorted(logged["sha256"]) == sorted(GROUP_PUTS) and set(logged["sha256"].values()) == {digest}
-    ninth = json.loads((folder / "2026-11-28-two-agent-loop-workers-metrics.json").read_text())
-    assert set(ninth["sha256"].values()) == {digest}  # "the same SHA-256 as the four runs of the ninth section"
-    count = sum(len(metrics) for metrics in kept.values())
+    digest, count = logged_alike("2026-11-28-group-puts", GROUP_PUTS, "grouped-1")
+    ninth, _ = logged_alike("2026-11-28-two-agent-loop-workers", TWO_WORKERS, "one-1")
+    assert digest == ninth  # "the same SHA-256 as the four runs of the ninth section"
     assert f"the four runs logged the same {count:,} values other than timings, with the same SHA-256" in flat
