@@ -3,9 +3,9 @@
 verl's TransferQueue agent-loop worker (``verl.trainer.ppo.v1.agent_loop_tq``) turns each finished sample into a
 one-row TensorDict (``list_of_dict_to_tensordict``) and puts it with its own ``async_kv_batch_put``, then, once
 all of the prompt's samples have settled, puts the group's terminal status (``finished`` or ``failure``), which
-is what the replay buffer waits for. On a CPU run those per-sample puts are most of the worker's time after the
-rollout server has answered a whole submission at once (BENCHMARKS.md, "the agent-loop worker's hops"): 64 puts a
-testbed step, 512 a validation, each a round trip to the storage unit and the controller.
+is what the replay buffer waits for. In a profile of a CPU testbed run those puts were about two fifths of the
+worker's busy time (BENCHMARKS.md, "the agent-loop worker's hops"): 64 puts a testbed step, 512 a validation, each a
+round trip to the storage unit and the controller.
 
 ``install`` (in an agent-loop worker's process) replaces the two names that module looks up when it stores a
 sample: the converter now keeps the sample's row as it is (``Rows``), and ``tq`` is a ``GroupedPuts`` that holds a
