@@ -5,7 +5,9 @@ Set ``stapo.run_dir=PATH`` on any run (CPU demo or GPU cluster) and it holds:
 * ``config.yaml``: the resolved config the trainer received;
 * ``metrics.jsonl``: verl's ``file`` logger, one ``{"step": N, "data": {...}}`` line per step;
 * ``tensorboard/``, ``wandb/`` when those loggers are on;
-* ``spurious_tokens.jsonl``: the silenced tokens of sampled steps (STAPO, ``source: old``).
+* ``spurious_tokens.jsonl``: the silenced tokens of sampled steps (STAPO, ``source: old``);
+* ``machine.json``: the kind of machine the driver ran on and the kind that built the model
+  (``stapo.runs.machine.run_machine``).
 
 verl's file logger truncates its file when it opens it, so a resumed run would erase the metrics
 of the steps before the restart: ``rotate_metrics`` renames an existing ``metrics.jsonl`` to
@@ -31,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from stapo.files import write_text_atomically
 
 METRICS_NAME = "metrics.jsonl"
+MACHINE_NAME = "machine.json"
 TENSORBOARD_NAME = "tensorboard"
 WANDB_NAME = "wandb"  # wandb makes this folder itself under the directory it is given
 # a metric of ours the readers prefer to verl's: the old pass's entropy averaged over every response token
@@ -119,3 +122,17 @@ def parse_metric_lines(text: str, unreadable: list[int] | None = None) -> list[t
 def write_config(config: DictConfig, run_dir: Path) -> Path:
     """The resolved config, as the trainer will see it."""
     return write_text_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(config, resolve=True))
+
+
+def write_machine(machine: dict, run_dir: Path) -> Path:
+    """Where the run is made (``stapo.runs.machine.run_machine``), written by its driver."""
+    return write_text_atomically(run_dir / MACHINE_NAME, json.dumps(machine, indent=2) + "\n")
+
+
+def read_machine(run_dir: Path) -> dict:
+    """``machine.json`` of a run folder; empty when there is none (a run from before it was written) or unreadable."""
+    try:
+        machine = json.loads((Path(run_dir) / MACHINE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return machine if isinstance(machine, dict) else {}

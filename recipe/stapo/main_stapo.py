@@ -29,7 +29,8 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.data.tasks import ensure_task_data
     from stapo.input_checks import check_inputs
     from stapo.models.local import resolve_model_path
-    from stapo.rundir import write_config
+    from stapo.rundir import write_config, write_machine
+    from stapo.runs.machine import model_from_another_kind, run_machine
     from stapo.verl_plugin.cpu import enable_for_run
     from stapo.verl_plugin.loggers import prepare_loggers
     from stapo.verl_plugin.registration import assert_registered
@@ -51,6 +52,9 @@ def prepare(config: DictConfig) -> DictConfig:
     with open_dict(config):
         config.actor_rollout_ref.model.path = resolve_model_path(config.actor_rollout_ref.model.path)
     check_model_for_rollout(config)
+    machine = run_machine(config.actor_rollout_ref.model.path)
+    if note := model_from_another_kind(machine, config.actor_rollout_ref.model.path):
+        print(f"[stapo] note: {note}", flush=True)
     if stapo.get("synthetic_data_dir"):
         ensure_task_data(
             stapo.synthetic_data_dir,
@@ -64,6 +68,7 @@ def prepare(config: DictConfig) -> DictConfig:
     OmegaConf.resolve(config)
     if run_dir is not None:
         write_config(config, run_dir)
+        write_machine(machine, run_dir)  # the sweep's record takes it from here, on whichever node the driver ran
     return config
 
 

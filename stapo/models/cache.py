@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+BUILT_ON = "built_on"  # the marker's field naming the machine kind of the build
+
 
 def build_once(target: Path, marker: str, build: Callable[[Path], None]) -> str:
     """Return ``target``, building it first if its ``marker`` file is missing.
@@ -61,10 +63,31 @@ def _exclusive(lock_path: Path, target: Path) -> Iterator[None]:
 
 
 def save_checkpoint(target: Path, model, tokenizer, marker: str, report: dict) -> None:
-    """A built model's folder: the HF checkpoint, its tokenizer and, last, the marker holding the recipe and what
-    the build measured (``build_once`` takes a folder with its marker for a finished build)."""
+    """A built model's folder: the HF checkpoint, its tokenizer and, last, the marker holding the recipe, what
+    the build measured and the kind of machine that built it (``build_once`` takes a folder with its marker for a
+    finished build). The same recipe and seed build other weights on another kind (docs/reproducibility.md)."""
     import json
+
+    from stapo.runs.machine import machine_kind
 
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
-    (target / marker).write_text(json.dumps(report, indent=2) + "\n")
+    (target / marker).write_text(json.dumps({**report, BUILT_ON: machine_kind()}, indent=2) + "\n")
+
+
+def model_built_on(model_dir: str | Path) -> str | None:
+    """The machine kind recorded by the build of a model this project built (its ``stapo_*.json`` marker); None
+    for any other folder, a hub id, or a build from before the kind was recorded."""
+    import json
+
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        return None
+    for marker in sorted(folder.glob("stapo_*.json")):
+        try:
+            kind = json.loads(marker.read_text(encoding="utf-8")).get(BUILT_ON)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(kind, str):
+            return kind
+    return None

@@ -55,6 +55,7 @@ import sys
 import time
 from pathlib import Path
 
+from stapo.rundir import read_machine
 from stapo.runs.folder import (
     STEP_TIME,
     config_value,
@@ -111,6 +112,7 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
     label = f"{run.cell} seed {run.seed}"
     result = run_trainer(overrides, run.run_dir, total_steps(overrides), label, echo=echo)
     segments.append(round(result.seconds, 1))
+    written = read_machine(run.run_dir)  # by the trainer's driver: the kind that built its model too
     write_record(
         run,
         launcher="local",
@@ -121,7 +123,8 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
         peak_rss_bytes=result.peak_rss_bytes,
         started_at=started_at,  # of the last segment
         finished_at=time.time(),
-        machine=machine,  # of the last segment
+        machine=written.get("machine") or machine,  # of the last segment
+        model_built_on=written.get("model_built_on"),
     )
     return result.returncode
 

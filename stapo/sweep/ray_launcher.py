@@ -6,9 +6,10 @@ holds every run at once. While the jobs run, their status is polled through Ray'
 run's progress is read from its run folder's ``metrics.jsonl`` (which is why ``--out`` must be on
 storage the cluster's nodes and this machine share: the job's driver writes the run folder at the
 same absolute path). When a job ends, its log is saved as ``trainer.log`` in the run folder, its
-start-to-end time and exit state in ``sweep_run.json``; a failed job's message and log tail are
-printed. A run whose job is still pending or running (or succeeded unrecorded) when the sweep is
-started again is taken over, not submitted a second time; a failed or stopped one is submitted again
+start-to-end time, exit state and the machine kinds its driver wrote (``machine.json``: the node's, the model
+build's) in ``sweep_run.json``; a failed job's message and log tail are printed. A run whose job is still
+pending or running (or succeeded unrecorded) when the sweep is started again is taken over, not submitted a
+second time; a failed or stopped one is submitted again
 (it resumes from its checkpoint).
 """
 
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stapo.rundir import read_metrics
+from stapo.rundir import read_machine, read_metrics
 from stapo.runs.folder import config_value, earlier_segments, read_record, write_record
 from stapo.runs.progress import Progress, format_duration
 from stapo.sweep.grid import PlannedRun
@@ -141,6 +142,7 @@ def finish(api: JobApi, flight: Flight, details) -> bool:
         segments.append(round((details.end_time - details.start_time) / 1000.0, 1))
         seconds = round(sum(segments), 1)
     ok = status == "SUCCEEDED"
+    written = read_machine(flight.run.run_dir)  # by the job's driver, on the node it ran on (none if refused)
     write_record(
         flight.run,
         launcher="ray",
@@ -152,6 +154,8 @@ def finish(api: JobApi, flight: Flight, details) -> bool:
         seconds=seconds,
         segments_s=segments,
         finished_at=time.time(),
+        machine=written.get("machine"),
+        model_built_on=written.get("model_built_on"),
     )
     if ok:
         print(f"[{flight.label}] job {flight.job_id} succeeded in {format_duration(seconds or 0)}", flush=True)

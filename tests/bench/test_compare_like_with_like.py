@@ -244,3 +244,13 @@ def test_runs_made_on_two_kinds_of_machine_are_compared_with_a_warning_in_the_co
     assert f"[sweep] warning: {warning}" in capsys.readouterr().out
     assert (tmp_path / "comparison.md").read_text().startswith(f"**Warning**: {warning}")
     assert json.loads((tmp_path / "comparison.json").read_text())["warnings"][0].startswith(warning)
+    # one kind of machine, but the model of one run built on another (a cache shared between kinds)
+    for run, built in zip(runs, ["AMD EPYC (AVX2)", "AMD EPYC (AVX2)", "Intel(R) Xeon(R) Processor (AMX)", None]):
+        record = json.loads((run.run_dir / "sweep_run.json").read_text())
+        record.update(machine="AMD EPYC (AVX2)", model_built_on=built)
+        (run.run_dir / "sweep_run.json").write_text(json.dumps(record), encoding="utf-8")
+    assert main(argv) == 0
+    warning = ("the compared runs' models were built on 2 kinds of machine (AMD EPYC (AVX2); Intel(R) Xeon(R) "
+               "Processor (AMX)): runs of one seed are not paired bit for bit across kinds")
+    assert f"[sweep] warning: {warning}" in capsys.readouterr().out
+    assert (tmp_path / "comparison.md").read_text().startswith(f"**Warning**: {warning}")

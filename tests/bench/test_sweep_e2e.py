@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from stapo.rundir import read_metrics
+from stapo.runs.machine import machine_kind
 from tests.e2e.test_paired import compared, metric_diff
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
@@ -99,6 +100,11 @@ def test_sweep_two_algorithms_side_by_side(tmp_path):
             cell = f"{np.mean(mean_masks):.4f}"
         records = [json.loads((d / "sweep_run.json").read_text()) for d in run_dirs]
         assert all(r["returncode"] == 0 and r["seconds"] > 0 for r in records)
+        # the machine kinds the trainer's driver wrote to the run folder, taken into the record (stapo://tiny is
+        # not a trained build, so it records no build machine)
+        written = [json.loads((d / "machine.json").read_text()) for d in run_dirs]
+        assert written == [{"machine": machine_kind(), "model_built_on": None}] * len(run_dirs)
+        assert all((r["machine"], r["model_built_on"]) == (machine_kind(), None) for r in records)
         assert stats["wall_s"]["mean"] == pytest.approx(np.mean([r["seconds"] for r in records]))
         row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
         acc = f"{np.mean(final):.3f}"

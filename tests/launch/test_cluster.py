@@ -199,6 +199,7 @@ def test_sweep_through_the_ray_launcher(cluster):
     call with the good cell only submits nothing.
     """
     from stapo.rundir import read_metrics
+    from stapo.runs.machine import machine_kind
 
     out = cluster.shared / "sweep"
     tau = "actor_rollout_ref.actor.policy_loss.tau_p"
@@ -236,6 +237,10 @@ def test_sweep_through_the_ray_launcher(cluster):
     # the good run: written by the job's driver on the shared directory, compared here
     record = json.loads((good / "sweep_run.json").read_text())
     assert record["status"] == "SUCCEEDED" and record["returncode"] == 0 and record["seconds"] > 0
+    # the kind of the node the job's driver ran on (this machine: the cluster is on loopback), from its machine.json
+    assert (record["machine"], record["model_built_on"]) == (machine_kind(), None)
+    assert json.loads((good / "machine.json").read_text())["machine"] == machine_kind()
+    assert json.loads((bad / "sweep_run.json").read_text())["machine"] is None  # refused before it wrote one
     assert "step:1 - " in (good / "trainer.log").read_text()
     step = read_metrics(good)[1]
     groups = json.loads((out / "comparison.json").read_text())["groups"]

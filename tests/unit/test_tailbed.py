@@ -26,6 +26,7 @@ from stapo.models.testbed import build_testbed_model, difficulty_of
 from stapo.models.testbed.tokenizer import build_tokenizer
 from stapo.models.testbed.warm_start import sft_batch
 from stapo.reward import compute_score
+from stapo.runs.machine import machine_kind
 from tests.unit.test_testbed import QUICK as QUICK_BASE
 
 FIRST = 27  # the testbed's tokens: 7 special, 20 characters
@@ -195,6 +196,7 @@ def test_the_build_is_deterministic_cached_and_reachable_as_stapo_tailbed(quick_
     assert resolve_model_path("stapo://tailbed") == first and marker.stat().st_mtime_ns == written  # cached
     report = json.loads(marker.read_text())
     assert report["recipe"] == QUICK and report["base"].startswith("testbed-qwen3-")
+    assert report["built_on"] == machine_kind()  # the kind that built it (another kind builds other weights)
     measured = report["preconditions"]
     assert report["heldout_pass_rate"] == {"greedy": measured["greedy_pass_rate"], "t1": measured["t1_pass_rate"]}
     assert measured["replies"] == QUICK["eval_problems"] * QUICK["eval_samples"]

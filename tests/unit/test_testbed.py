@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from stapo.data.addition import Difficulty, make_rows, problems, split_of, worked_solution, write_parquet
+from stapo.models.cache import model_built_on
 from stapo.models.testbed import MARKER, RECIPE, build_testbed_model
 from stapo.models.testbed.tokenizer import build_tokenizer
 from stapo.reward import compute_score
+from stapo.runs.machine import machine_kind
 
 # a handful of supervised steps and held-out problems: the build's code paths in seconds
 QUICK = {**RECIPE, "sft_steps": 3, "sft_batch_size": 8, "warmup_steps": 2, "eval_problems": 4, "max_new_tokens": 8}
@@ -96,6 +98,7 @@ def test_model_builds_deterministically_and_is_cached(tmp_path):
     assert build_testbed_model(tmp_path / "a", QUICK) == first and marker.stat().st_mtime_ns == written  # cached
     report = json.loads(marker.read_text())
     assert report["recipe"] == QUICK and report["seed"] == QUICK["seed"]
+    assert report["built_on"] == machine_kind() and model_built_on(first) == machine_kind()  # another kind: other bits
     assert set(report["heldout_pass_rate"]) == {"greedy", "t1"}
     assert all(0.0 <= rate <= 1.0 for rate in report["heldout_pass_rate"].values())
     a = AutoModelForCausalLM.from_pretrained(first).state_dict()
