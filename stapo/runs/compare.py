@@ -20,9 +20,9 @@ standard error over the seeds both ran. Common random numbers cancel the seed's 
 came first, which samples were drawn), so the paired standard error is the one that says whether a
 difference is there; the unpaired ones of the first table overstate the uncertainty of a difference.
 
-The per-run values: ``stapo.runs.summary``; the markdown: ``stapo.runs.tables``; the logged threshold
-grid of the groups that train with the S2T mask: ``stapo.runs.threshold_table``. Pure Python on the run
-folders' metrics (no verl, no torch).
+The per-run values: ``stapo.runs.summary``; the markdown: ``stapo.runs.tables``; the entropy events counted per
+group: ``stapo.runs.events``; the logged threshold grid of the groups that train with the S2T mask:
+``stapo.runs.threshold_table``. Pure Python on the run folders' metrics (no verl, no torch).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from stapo.runs.events import RULE, events_table, group_events
 from stapo.runs.folder import RunData
 from stapo.runs.stats import mean_se
 from stapo.runs.summary import (
@@ -159,6 +160,7 @@ def summarize_group(
         mean, se, n = mean_se([s.entropy[step] for s in summaries if step in s.entropy])
         for key, value in zip(("step", "mean", "se", "n"), (step, mean, se, n), strict=True):
             trajectory[key].append(value)
+    per_run = [s.to_json() for s in summaries]
     return {
         "group": name,
         "entropy_agg": sorted({s.entropy_agg for s in summaries}),
@@ -167,7 +169,8 @@ def summarize_group(
         "steps_trained": [s.steps_trained for s in summaries],
         "stats": stats,
         "entropy_trajectory": trajectory,
-        "runs": [s.to_json() for s in summaries],
+        "runs": per_run,
+        "events": group_events(per_run),
     }
 
 
@@ -237,6 +240,7 @@ def build_comparison(
             for name, run in selection.unfinished
         ],
         "acc_key": "val/average/acc",
+        "events_rule": RULE,
         "groups": summary,
     }
     warnings = "".join(f"**Warning**: {warning}\n\n" for warning in document.get("warnings", []))
@@ -247,6 +251,7 @@ def build_comparison(
         text += paired_table(document["paired"]["groups"], baseline)
         text += paired_tail_table(document["paired"]["groups"], baseline)
         text += paired_decoding_table(document["paired"]["groups"], baseline)
+    text += events_table(summary, document.get("paired", {}).get("baseline"))
     if grid is not None:
         text += grid_tables(summary, *grid)
     # the threshold grid of the groups that train with the S2T mask (the others log it too: the same

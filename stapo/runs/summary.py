@@ -26,6 +26,7 @@ Per run, at step ``at``:
 - ``initial_acc@<name>`` / ``final_acc@<name>``, for each decoding setting of ``stapo.eval.core.DECODING``: the
   held-out accuracy of the extra validation pass at that setting (``stapo.val_decodings``, logged as
   ``val@<name>/average/acc``) at step 0 and at the last shared held-out step; None where the run has none;
+- ``events``: the steps of its entropy events (``stapo.runs.events``: explosion, tail-driven, collapse);
 - ``wall_s``: the sweep's own clock summed over the run's segments (a resumed run's restarts included)
   when every compared run ran to its end at ``at``, else the logged step times up to ``at``.
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from stapo.eval.core import DECODING
 from stapo.eval.val_metrics import benchmark_val_metrics, decoding_key
 from stapo.rundir import ENTROPY_MAX, ENTROPY_TOKEN_MEAN, TAIL_MASS, TAIL_MASS_MAX, TAIL_SAMPLED, VERL_ENTROPY
+from stapo.runs.events import run_events
 from stapo.runs.folder import STEP_TIME, RunData, config_value, recorded_segments
 
 ACC = "val/average/acc"
@@ -184,6 +186,7 @@ class RunSummary:
     entropy_token_mean: bool  # the entropy series is the mean entropy of a response token
     entropy_agg: str  # the run's loss_agg_mode ("None": no config.yaml beside the metrics)
     series: dict[str, dict[int, float]]
+    events: dict[str, list[int] | None]  # stapo.runs.events.run_events, up to ``at``
 
     def to_json(self) -> dict:
         return {
@@ -196,6 +199,7 @@ class RunSummary:
             "entropy_trajectory": {str(k): v for k, v in self.entropy.items()},
             "entropy_token_mean": self.entropy_token_mean,
             "series": {name: {str(k): v for k, v in values.items()} for name, values in self.series.items()},
+            "events": self.events,
         }
 
     @property
@@ -255,4 +259,4 @@ def summarize_run(
             series[f"held_out_acc@{name}"] = decoded
     if entropy:
         series["entropy"] = entropy
-    return RunSummary(run, at, values, entropy, token_mean, agg, series)
+    return RunSummary(run, at, values, entropy, token_mean, agg, series, run_events(entropy, tail_mass))
