@@ -314,6 +314,35 @@ def test_the_decode_is_the_plain_row_by_row_decode_bit_for_bit(model_dir, temper
         assert len({len(tokens) for tokens, *_ in got}) > 1  # rows that stopped early kept their slots
 
 
+@pytest.mark.parametrize("vocab", [2, 27, 4096])
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 0, 0.9), (1.0, 5, 1.0)])
+def test_a_draw_of_all_rows_is_a_row_by_row_multinomial_bit_for_bit(vocab, temperature, top_k, top_p):
+    """``draw_tokens`` draws every row at once by the exponential race; each row's token, and its generator's state
+    after the draw, must be those of ``torch.multinomial`` on the row alone, draw after draw (recorded runs were
+    sampled so). Fresh logits each time: peaked rows, flat rows, rows with exact ties, filtered-out tokens."""
+    from stapo.verl_plugin.cpu.sampling import draw_tokens
+
+    rows = 40
+    sampling = Sampling(temperature=temperature, top_k=top_k, top_p=top_p)
+    seeds = torch.randint(0, 2**62, (rows,)).tolist()
+    batched = [torch.Generator().manual_seed(seed) for seed in seeds]
+    alone = [torch.Generator().manual_seed(seed) for seed in seeds]
+    for _ in range(6):
+        logits = torch.randn(rows, vocab) * torch.rand(rows, 1) * 12
+        logits[: rows // 4] = logits[: rows // 4].round()  # exact ties
+        logits[-1] = 0.0  # a flat row
+        got = draw_tokens(logits, sampling, batched)
+        expected = []
+        for row in range(rows):
+            scores = filter_logits(logits[row], sampling) if top_k or top_p < 1 else logits[row] / temperature
+            expected.append(int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=alone[row])))
+        assert got == expected
+        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(batched, alone))
+        if top_k or top_p < 1:  # never a filtered-out token
+            kept = torch.stack([filter_logits(row, sampling) for row in logits]).isfinite()
+            assert all(kept[row, token] for row, token in enumerate(got))
+
+
 def test_a_preallocated_cache_layer_holds_what_hfs_growing_one_holds():
     from transformers.cache_utils import DynamicLayer
 

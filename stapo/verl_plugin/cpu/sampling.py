@@ -67,9 +67,14 @@ def filter_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
 def draw_tokens(logits: torch.Tensor, sampling: Sampling, generators: list[torch.Generator | None]) -> list[int]:
     """One token per row of raw logits ``(rows, vocab)``, row ``r`` drawn from ``generators[r]``.
 
-    The softmax runs over all rows at once (row-wise, so each row's probabilities are those of the row alone,
-    bit for bit); only the draw, which needs the row's own generator, and top-k/top-p, whose cut-offs are per
-    row, go row by row."""
+    The draw is the exponential race: with ``E_v ~ Exp(1)`` independent, ``argmax_v p_v / E_v`` is ``v`` with
+    probability ``p_v``. It is what ``torch.multinomial(p, 1)`` computes on the CPU (torch 2.13: one
+    ``exponential_`` over the row from its generator, a division, an argmax), so the tokens, and each generator's
+    state after the draw, are a row-by-row ``multinomial``'s bit for bit (tests/unit/test_seeded_rollout.py), while
+    only the noise, which needs the row's own generator, is drawn row by row: the division and the argmax run
+    over all rows at once, as do the softmax (row-wise, so each row's probabilities are those of the row alone)
+    and, for top-k/top-p, whose cut-offs are per row, only the filter goes row by row. A call of ``multinomial``
+    a row cost more than the model's forward pass in a decode step of 512 rows (BENCHMARKS.md)."""
     if sampling.greedy:
         return logits.argmax(dim=-1).tolist()
     if sampling.top_k or sampling.top_p < 1.0:
@@ -77,7 +82,10 @@ def draw_tokens(logits: torch.Tensor, sampling: Sampling, generators: list[torch
     else:
         scores = logits / sampling.temperature
     probs = torch.softmax(scores, dim=-1)
-    return [int(torch.multinomial(probs[row], 1, generator=generator)) for row, generator in enumerate(generators)]
+    race = torch.empty_like(probs)
+    for row, generator in enumerate(generators):
+        race[row].exponential_(1, generator=generator)
+    return (probs / race).argmax(dim=-1).tolist()
 
 
 def sample_group(
