@@ -34,6 +34,7 @@ REGISTRY = {
     "rollout": "benchmarks.rollout_group",
     "valboot": "benchmarks.val_bootstrap",
     "hops": "benchmarks.agent_loop_hops",
+    "draw": "benchmarks.sampler_draw",
 }
 NAMES = tuple(REGISTRY)
 NOTES_MARK = "<!-- notes: written by hand below this line -->"

@@ -115,3 +115,12 @@ def test_validation_bootstrap_bench_runs_verls_metrics_both_ways_and_finds_the_s
 
     assert not getattr(metric_utils.bootstrap_metric, "_stapo_vectorised", False)  # left as it found it
     assert "| 3 x 4 |" in val_bootstrap.render(rows)
+
+
+def test_the_draw_bench_times_both_draws_and_finds_the_same_tokens():
+    from benchmarks import sampler_draw
+
+    rows = sampler_draw.measure(torch.device("cpu"), shapes=((5, 27, 1.0, 1.0), (3, 40, 0.7, 0.9)), repeats=2)
+    assert [(r["rows"], r["vocab"]) for r in rows] == [(5, 27), (3, 40)]
+    assert all(r["same_tokens"] and finite(r["ratio"]) for r in rows)
+    assert "| 3 x 40 | 0.7 / 0.9 |" in sampler_draw.render(rows)

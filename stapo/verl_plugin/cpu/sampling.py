@@ -73,8 +73,10 @@ def draw_tokens(logits: torch.Tensor, sampling: Sampling, generators: list[torch
     state after the draw, are a row-by-row ``multinomial``'s bit for bit (tests/unit/test_seeded_rollout.py), while
     only the noise, which needs the row's own generator, is drawn row by row: the division and the argmax run
     over all rows at once, as do the softmax (row-wise, so each row's probabilities are those of the row alone)
-    and, for top-k/top-p, whose cut-offs are per row, only the filter goes row by row. A call of ``multinomial``
-    a row cost more than the model's forward pass in a decode step of 512 rows (BENCHMARKS.md)."""
+    and, for top-k/top-p, whose cut-offs are per row, only the filter goes row by row. At the testbed's vocabulary
+    of 27 this draws a step's 512 rows in about a fifth of the time of a ``multinomial`` call a row; at the
+    tailbed's 4,096 the noise itself (one exponential per row and vocabulary entry) takes as long either way
+    (BENCHMARKS.md, section 8)."""
     if sampling.greedy:
         return logits.argmax(dim=-1).tolist()
     if sampling.top_k or sampling.top_p < 1.0:
