@@ -591,3 +591,41 @@ def test_the_group_puts_timings_are_what_benchmarks_md_quotes_and_the_runs_logge
     ninth, _ = logged_alike("2026-11-28-two-agent-loop-workers", TWO_WORKERS, "one-1")
     assert digest == ninth  # "the same SHA-256 as the four runs of the ninth section"
     assert f"the four runs logged the same {count:,} values other than timings, with the same SHA-256" in flat
+
+
+def test_the_twelfth_sections_profile_figures_are_the_profile_files_and_the_draw_tables():
+    """BENCHMARKS.md's "(twelfth)" section: the py-spy seconds it quotes are those of its profile file, and the
+    draw's ratios and times those of section 8's table."""
+    text = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    profile = (REPO / "benchmarks" / "testbed_runs" / "2026-11-28-tailbed-run-pyspy.txt").read_text()
+    on_cpu, frames, process = {}, {}, None
+    for line in profile.splitlines():
+        if line.startswith("== "):
+            process, seconds = line[3:].split(": ")
+            on_cpu[process] = seconds.split()[0]
+        elif process and line.strip().endswith(")"):
+            seconds, _, frame = line.split(maxsplit=2)
+            frames[(process, frame.split(" (")[0])] = float(seconds)
+    server = "HFGenerationServer"
+    assert (f"puts {frames[(server, 'sample_batch')]:.1f} of the HF server's {on_cpu[server]} s on CPU in "
+            f"`sample_batch`, and of those {frames[(server, 'draw_tokens')]:.1f} s in drawing the tokens") in text
+    assert f"against {frames[(server, 'Qwen3ForCausalLM.forward')]:.1f} s in the model's forward passes" in text
+    post = {frames[(f"SharedLoopWorker ({i})", "AgentLoopWorkerTQ._agent_loop_postprocess")] for i in (1, 2)}
+    assert (f"The two agent-loop workers were on CPU {on_cpu['SharedLoopWorker (1)']} and "
+            f"{on_cpu['SharedLoopWorker (2)']} s (verl's post-processing of a sample, "
+            f"{min(post):.1f} s each)") in text and max(post) - min(post) < 0.1
+    assert (f"the FSDP worker {on_cpu['WorkerDict (FSDP actor)']} s, the driver "
+            f"{on_cpu['TaskRunnerV1 (driver)']} s") in text
+    rows = {}
+    section = (REPO / "BENCHMARKS.md").read_text().split("<!-- bench:draw -->")[1].split("<!-- /bench:draw -->")[0]
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[0][0].isdigit():
+            rows[(cells[0], cells[1])] = (cells[2], cells[3], float(cells[4]), cells[5])
+    assert all(same == "yes" for *_, same in rows.values())
+    small = [ratio for (shape, _), (_, _, ratio, _) in rows.items() if shape.endswith(" x 27")]
+    large = [ratio for (shape, _), (_, _, ratio, _) in rows.items() if shape.endswith(" x 4096")]
+    old, new, *_ = rows[("512 x 27", "1 / 1")]
+    assert (f"at the testbed's vocabulary of 27 the race takes {min(small):.2f}-{max(small):.2f}x the time of a call "
+            f"a row (512 rows: {old} ms against {new} ms); at the tailbed's 4,096 it takes as long "
+            f"({min(large):.2f}-{max(large):.2f}x") in text
