@@ -556,8 +556,8 @@ LONG_HORIZON_SETS = {
     "tailbed-long-horizon": (["GRPO seed 1", "JustRL seed 1", "JustRL seed 2", "STAPO seed 1", "STAPO seed 2"],
                              "Finished so far: GRPO seed 1, JustRL seeds 1 and 2 and STAPO seeds 1 and 2.",
                              "commit 0777993"),
-    "tailbed-long-horizon-xeon": (["GRPO seed 2", "JustRL seed 1", "STAPO seed 1"],
-                                  "Finished so far: GRPO seed 2, JustRL seed 1 and STAPO seed 1.",
+    "tailbed-long-horizon-xeon": (["GRPO seed 1", "GRPO seed 2", "JustRL seed 1", "STAPO seed 1"],
+                                  "Finished so far: GRPO seeds 1 and 2, JustRL seed 1 and STAPO seed 1.",
                                   "checkout of 61b6e2f"),
 }
 
@@ -605,3 +605,42 @@ def test_the_builds_across_machine_kinds_are_what_the_reproducibility_doc_quotes
             for name in ("stapo_tailbed-2026-11-28-xeon-avx512.json", "stapo_tailbed.json")}
     assert (f"a calibration beta of {beta['stapo_tailbed-2026-11-28-xeon-avx512.json']:.2f} against "
             f"{beta['stapo_tailbed.json']:.2f}") in doc
+
+
+# what the long horizon's identity checks compared: every logged value but timings, throughput and memory
+IDENTITY_SKIP = ("timing", "perf/", "throughput", "memory", "time", "mfu")
+IDENTITY_CHECKS = {
+    # checks/<folder>: (the archived run it must equal, up to step, the count COMMAND quotes)
+    "grpo-2-61b6e2f-to-step-51": ("algo-grpo/seed-2", 51, "the same {} logged values"),
+    "grpo-1-stopped-at-step-86": ("algo-grpo/seed-1", 86, "the same {} values"),
+}
+
+
+def raw_values(path: Path, upto: int) -> dict[int, dict]:
+    """A gzipped metrics file's values per step up to ``upto`` as logged (null and text too), timings aside."""
+    import gzip
+
+    values: dict[int, dict] = {}
+    for line in gzip.decompress(path.read_bytes()).decode("utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line torn by the stop
+            continue
+        if row["step"] <= upto:
+            values.setdefault(row["step"], {}).update(
+                {key: value for key, value in row["data"].items() if not any(cut in key for cut in IDENTITY_SKIP)})
+    return values
+
+
+@pytest.mark.parametrize("check", sorted(IDENTITY_CHECKS))
+def test_the_long_horizons_identity_checks_logged_what_the_archived_runs_logged(check):
+    """results/tailbed-long-horizon-xeon/checks: a run of another checkout (61b6e2f against 0777993's GRPO seed 2) and
+    a run stopped by a session's end (GRPO seed 1), each logging, step by step, the values of the archived run that
+    COMMAND says it matched, as many as COMMAND says."""
+    folder = RESULTS / "tailbed-long-horizon-xeon"
+    run, upto, quoted = IDENTITY_CHECKS[check]
+    checked = raw_values(folder / "checks" / check / "metrics.jsonl.gz", upto)
+    archived = raw_values(folder / "runs" / run / "metrics.jsonl.gz", upto)
+    assert sorted(checked) == list(range(upto + 1)) and checked == archived
+    count = sum(len(values) for values in checked.values())
+    assert quoted.format(f"{count:,}") in " ".join((folder / "COMMAND").read_text().replace("#", " ").split())
