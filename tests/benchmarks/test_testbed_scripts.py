@@ -629,3 +629,32 @@ def test_the_twelfth_sections_profile_figures_are_the_profile_files_and_the_draw
     assert (f"at the testbed's vocabulary of 27 the race takes {min(small):.2f}-{max(small):.2f}x the time of a call "
             f"a row (512 rows: {old} ms against {new} ms); at the tailbed's 4,096 it takes as long "
             f"({min(large):.2f}-{max(large):.2f}x") in text
+
+
+RACE = ("multinomial-1", "race-1", "race-2", "multinomial-2")
+
+
+def test_the_exponential_race_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
+    """BENCHMARKS.md, "the exponential race in the trainer": the table, ranges, medians and ratios from the four runs'
+    parsed logs and the model work; every run's logged values hash to the kept run's, the eleventh section's hash."""
+    found, work, flat = load_ab("2026-11-28-exponential-race", RACE)
+
+    def pooled(prefix: str, key: str) -> list[float]:
+        return pooled_runs(found, RACE, prefix, key)
+
+    gen_race, gen_old = pooled("race", "gen"), pooled("multinomial", "gen")
+    assert f"`gen` {gen_race[0]:.2f}-{gen_race[-1]:.2f} s against {gen_old[0]:.2f}-{gen_old[-1]:.2f} s" in flat
+    race, old = pooled("race", "testing"), pooled("multinomial", "testing")
+    assert (f"A validation {race[0]:.1f}-{race[-1]:.1f} s against {old[0]:.1f}-{old[-1]:.1f} s (medians "
+            f"{statistics.median(race):.1f} and {statistics.median(old):.1f} s)") in flat
+    upd_race, upd_old = pooled("race", "update_actor"), pooled("multinomial", "update_actor")
+    assert f"also reads {upd_race[0]:.2f}-{upd_race[-1]:.2f} s against {upd_old[0]:.2f}-{upd_old[-1]:.2f} s" in flat
+    step, decode = work["step_model_work_s"], work["decode_validation_s"]
+    assert f"model work ({step:.2f} s a step, the validation's decode {decode:.2f} s)" in flat
+    ratio = {p: statistics.median(pooled(p, "step")) / step for p in ("race", "multinomial")}
+    val = {p: statistics.median(pooled(p, "testing")) / decode for p in ("race", "multinomial")}
+    assert (f"a step is {ratio['race']:.1f}x its model work with the race ({ratio['multinomial']:.1f}x before) and a "
+            f"validation {val['race']:.1f}x its decode ({val['multinomial']:.1f}x before)") in flat
+    digest, count = logged_alike("2026-11-28-exponential-race", RACE, "race-1")
+    earlier, _ = logged_alike("2026-11-28-group-puts", GROUP_PUTS, "grouped-1")
+    assert digest == earlier and f"the four runs logged the same {count:,} values other than timings" in flat
