@@ -29,13 +29,9 @@ SIZES = {
 
 def row_by_row(logits: torch.Tensor, sampling, generators) -> list[int]:
     """The draw as it was: the same probabilities, one ``multinomial`` call a row."""
-    from stapo.verl_plugin.cpu.sampling import filter_logits
+    from stapo.verl_plugin.cpu.sampling import sampling_probabilities
 
-    if sampling.top_k or sampling.top_p < 1.0:
-        scores = torch.stack([filter_logits(row, sampling) for row in logits])
-    else:
-        scores = logits / sampling.temperature
-    probs = torch.softmax(scores, dim=-1)
+    probs = sampling_probabilities(logits, sampling)
     return [int(torch.multinomial(probs[row], 1, generator=generator)) for row, generator in enumerate(generators)]
 
 

@@ -64,6 +64,16 @@ def filter_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return scores
 
 
+def sampling_probabilities(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Each row's distribution to draw from, ``(rows, vocab)``: temperature, then top-k/top-p (row by row: their
+    cut-offs are per row), then one softmax over all rows (row-wise, so each row's probabilities are its own)."""
+    if sampling.top_k or sampling.top_p < 1.0:
+        scores = torch.stack([filter_logits(row, sampling) for row in logits])
+    else:
+        scores = logits / sampling.temperature
+    return torch.softmax(scores, dim=-1)
+
+
 def draw_tokens(logits: torch.Tensor, sampling: Sampling, generators: list[torch.Generator | None]) -> list[int]:
     """One token per row of raw logits ``(rows, vocab)``, row ``r`` drawn from ``generators[r]``.
 
@@ -72,18 +82,13 @@ def draw_tokens(logits: torch.Tensor, sampling: Sampling, generators: list[torch
     ``exponential_`` over the row from its generator, a division, an argmax), so the tokens, and each generator's
     state after the draw, are a row-by-row ``multinomial``'s bit for bit (tests/unit/test_seeded_rollout.py), while
     only the noise, which needs the row's own generator, is drawn row by row: the division and the argmax run
-    over all rows at once, as do the softmax (row-wise, so each row's probabilities are those of the row alone)
-    and, for top-k/top-p, whose cut-offs are per row, only the filter goes row by row. At the testbed's vocabulary
+    over all rows at once (the rows' distributions: :func:`sampling_probabilities`). At the testbed's vocabulary
     of 27 this draws a step's 512 rows in about a fifth of the time of a ``multinomial`` call a row; at the
     tailbed's 4,096 the noise itself (one exponential per row and vocabulary entry) takes as long either way
     (BENCHMARKS.md, section 8)."""
     if sampling.greedy:
         return logits.argmax(dim=-1).tolist()
-    if sampling.top_k or sampling.top_p < 1.0:
-        scores = torch.stack([filter_logits(row, sampling) for row in logits])
-    else:
-        scores = logits / sampling.temperature
-    probs = torch.softmax(scores, dim=-1)
+    probs = sampling_probabilities(logits, sampling)
     race = torch.empty_like(probs)
     for row, generator in enumerate(generators):
         race[row].exponential_(1, generator=generator)
