@@ -413,6 +413,50 @@ def test_an_announced_submission_decodes_as_one_batch_whatever_the_arrival_order
     assert not server._batches and not server._groups  # nothing left waiting
 
 
+def test_a_row_is_handed_over_at_the_step_it_ends(model_dir):
+    """``on_row_done`` gets each row that ends with an end-of-sequence token once, with its final result, at the step
+    it ends (so in the order of the rows' lengths, not of their indices); rows cut at ``max_tokens`` are only
+    returned."""
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    sampling = Sampling(temperature=1.0, max_tokens=12, logprobs=True)
+    prompts = [list(p) for p in PROMPTS for _ in range(4)]
+    seeds = [request_seed(5, 1, f"p{i}", "s0") for i in range(len(prompts))]
+    handed: list[tuple[int, tuple]] = []
+    results = sample_batch(model, prompts, sampling, seeds, list(range(1, 9)),
+                           on_row_done=lambda row, result: handed.append((row, (list(result[0]),) + result[1:])))
+    ended = [row for row, (_, _, stop, _) in enumerate(results) if stop == "completed"]
+    assert sorted(row for row, _ in handed) == ended and 1 < len(ended) < len(prompts)
+    assert all(result == results[row] for row, result in handed)
+    lengths = [len(result[0]) for _, result in handed]
+    assert lengths == sorted(lengths) and [row for row, _ in handed] != sorted(row for row, _ in handed)
+
+
+def test_a_submissions_early_rows_are_answered_before_the_batch_ends(model_dir):
+    """The server answers each request of an announced submission when its row ends, while the batch decodes on
+    (the agent loop post-processes it meanwhile): requests complete in the order of their rows' lengths, the
+    rows cut at ``max_tokens`` last, with the tokens the batch computes."""
+    from stapo.verl_plugin.cpu.rollout import HFGenerationServer
+
+    server = HFGenerationServer(model_dir, response_length=12, prompt_length=16, threads=1)
+    server.eos_ids = list(range(1, 9))  # more end tokens than the random model's one, so rows end at many steps
+    prompts = [list(p) for p in PROMPTS for _ in range(4)]
+
+    async def submit():
+        await server.expect_batch(len(prompts))
+        completed: list[int] = []
+        tasks = [asyncio.ensure_future(_generate(server, prompt, request_seed(6, 1, f"p{i}", "s0")))
+                 for i, prompt in enumerate(prompts)]
+        for i, task in enumerate(tasks):
+            task.add_done_callback(lambda _, i=i: completed.append(i))
+        return await asyncio.gather(*tasks), completed
+
+    outputs, completed = asyncio.run(submit())
+    direct = sample_batch(server.model, prompts, Sampling(temperature=1.0, max_tokens=12, logprobs=True),
+                          [request_seed(6, 1, f"p{i}", "s0") for i in range(len(prompts))], server.eos_ids)
+    assert [out.token_ids for out in outputs] == [tokens for tokens, *_ in direct]
+    by_length = [len(outputs[i].token_ids) + (outputs[i].stop_reason == "length") for i in completed]
+    assert by_length == sorted(by_length) and completed != sorted(completed)
+
 def test_a_submission_that_never_fills_fails_its_requests(server, monkeypatch):
     import stapo.verl_plugin.cpu.rollout as rollout
 

@@ -68,6 +68,12 @@ class _PendingBatch:
     requests: list[tuple[list[int], Sampling, int | None, asyncio.Future]] = field(default_factory=list)
 
 
+def _resolve(future: asyncio.Future, result: tuple) -> None:
+    """A row's result on its request's future, once (a row that ended early was handed over already)."""
+    if not future.done():
+        future.set_result(result)
+
+
 def batch_order(requests: list[tuple[list[int], Sampling, int | None, Any]]) -> list[int]:
     """The rows' decode order: by sampling settings, prompt and seed, so never by arrival (ties are the same
     request twice, whose results are equal)."""
@@ -162,11 +168,25 @@ class HFGenerationServer:
         extra = {"global_steps": self.global_steps, **({TOKEN_STATS_FIELD: stats} if stats is not None else {})}
         return TokenOutput(token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra_fields=extra)
 
-    async def _sample(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int | None]) -> list[tuple]:
+    async def _sample(
+        self, prompts: list[list[int]], sampling: Sampling, seeds: list[int | None],
+        futures: list[asyncio.Future] | None = None,
+    ) -> list[tuple]:
         """``sample_batch`` (one row per prompt and seed) in the server's thread pool (one intra-op thread each,
-        see the class docstring)."""
-        run = (sample_batch, self.model, prompts, sampling, seeds, self.eos_ids, self.unused_from)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, *run)
+        see the class docstring). With ``futures`` (one a row), each row's result is set on its future as soon as
+        the row ends, while the batch decodes on: the agent loop post-processes that sample meanwhile, on another
+        core. The tokens are the same either way; only when they are handed over changes."""
+        loop = asyncio.get_running_loop()
+        on_row_done = None
+        if futures is not None:
+            def on_row_done(row: int, result: tuple) -> None:  # runs in the pool's thread
+                loop.call_soon_threadsafe(_resolve, futures[row], result)
+
+        run = (sample_batch, self.model, prompts, sampling, seeds, self.eos_ids, self.unused_from, on_row_done)
+        results = await loop.run_in_executor(self._pool, *run)
+        for future, result in zip(futures or (), results):
+            _resolve(future, result)
+        return results
 
     def _seed(self, request_id: str, seed: int | None, sampling: Sampling) -> int | None:
         if seed is None and not sampling.greedy:
@@ -206,14 +226,13 @@ class HFGenerationServer:
         pending.complete.set()
         order = sorted(pending.futures)
         try:
-            results = await self._sample([prompt_ids] * len(order), sampling, [pending.seeds[i] for i in order])
+            await self._sample([prompt_ids] * len(order), sampling, [pending.seeds[i] for i in order],
+                               [pending.futures[i] for i in order])
         except Exception as exc:  # every waiting member of the group sees the failure; this one raises it
             for i in order:
-                if pending.futures[i] is not future:
+                if pending.futures[i] is not future and not pending.futures[i].done():
                     pending.futures[i].set_exception(exc)
             raise
-        for i, result in zip(order, results):
-            pending.futures[i].set_result(result)
         return await future
 
     async def _generate_in_batch(self, prompt_ids: list[int], sampling: Sampling, seed: int | None):
@@ -236,10 +255,8 @@ class HFGenerationServer:
         try:  # batch_order puts the rows of one sampling setting together: one batch each
             for setting, same in itertools.groupby(batch_order(batch.requests), key=lambda i: batch.requests[i][1]):
                 rows = list(same)
-                results = await self._sample([batch.requests[i][0] for i in rows], setting,
-                                             [batch.requests[i][2] for i in rows])
-                for i, result in zip(rows, results):
-                    batch.requests[i][3].set_result(result)
+                await self._sample([batch.requests[i][0] for i in rows], setting, [batch.requests[i][2] for i in rows],
+                                   [batch.requests[i][3] for i in rows])
         except Exception as exc:  # every waiting request of the submission sees the failure
             for *_, waiting in batch.requests:
                 if not waiting.done():

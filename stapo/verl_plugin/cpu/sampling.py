@@ -14,6 +14,7 @@ See docs/reproducibility.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -165,13 +166,13 @@ def preallocate(cache, capacity: int) -> None:
 @torch.no_grad()
 def sample_batch(
     model, prompts: list[list[int]], sampling: Sampling, seeds: list[int | None], eos_ids: list[int],
-    unused_from: int | None = None,
+    unused_from: int | None = None, on_row_done: Callable[[int, tuple], None] | None = None,
 ) -> list[tuple[list[int], list[float] | None, str, dict | None]]:
     """One response per row (``prompts[i]``, ``seeds[i]``), all rows decoded as one batch.
 
     Each distinct prompt is encoded once; prompts of different lengths are left-padded (masked, with the
     positions counted from each prompt's first token) and their KV caches selected for the rows, which
-    then decode in lockstep. A row that has finished keeps its slot (its further tokens are discarded) so
+    then decode in lockstep. A row that has finished keeps its slot (its forward passes go on, unread) so
     the batch's shape never depends on what was sampled, and the distinct prompts are encoded in sorted
     order, so what a row computes depends on the batch's rows, never on their order. The log-probs are of
     the logits divided by the temperature, without top-k/p: the quantity verl's actor recomputes (it
@@ -179,6 +180,11 @@ def sample_batch(
     correction weights compare like with like (greedy requests: temperature 1). With log-probs, each row
     also gets its tokens' :func:`token_stats` of that same distribution (``collision``, and ``unused_mass``
     and ``unused_sampled``, the count of drawn ids ``>= unused_from``, when the model names its unused ids).
+
+    Only the rows still decoding are drawn and scored at a step (each row's draw, softmax and statistics are its
+    own, so the others' values are the same bit for bit); a finished row's slot is fed its last token. A row that
+    ends with an end-of-sequence token is final at that step: ``on_row_done(row, result)``, when given, receives
+    it then (the server answers that request while the batch decodes on), and the returned list holds the same.
     """
     if len(prompts) != len(seeds):
         raise ValueError(f"{len(prompts)} prompts for {len(seeds)} seeds: one of each per row")
@@ -214,27 +220,40 @@ def sample_batch(
     stats: list[dict] = [{"collision": [], **({"unused_mass": [], "unused_sampled": 0} if unused_from else {})}
                          for _ in range(rows)]
     stops = ["length"] * rows
+
+    def result(row: int) -> tuple:
+        if not sampling.logprobs:
+            return tokens[row], None, stops[row], None
+        return tokens[row], log_probs[row], stops[row], stats[row]
+
+    active = list(range(rows))  # rows still decoding, in row order
+    step_ids = torch.zeros(rows, 1, dtype=torch.long)  # each row's last token: a finished row's slot is fed it
     for step in range(sampling.max_tokens):
-        drawn = draw_tokens(logits, sampling, generators)
+        subset = logits if len(active) == rows else logits[torch.tensor(active)]
+        drawn = draw_tokens(subset, sampling, [generators[row] for row in active])
         if sampling.logprobs:
-            step_log_probs = torch.log_softmax(logits / log_prob_temperature, dim=-1)
+            step_log_probs = torch.log_softmax(subset / log_prob_temperature, dim=-1)
             chosen = step_log_probs.gather(1, torch.tensor(drawn)[:, None])[:, 0].tolist()
             collision, unused = token_stats(step_log_probs, unused_from)
-        for row, token in enumerate(drawn):
-            if stops[row] == "completed":
-                continue  # finished earlier: the slot stays, the draw is discarded
+        step_ids[active, 0] = torch.tensor(drawn, dtype=torch.long)
+        decoding = []
+        for k, (row, token) in enumerate(zip(active, drawn)):
             tokens[row].append(token)
             if sampling.logprobs:
-                log_probs[row].append(chosen[row])
-                stats[row]["collision"].append(collision[row])
+                log_probs[row].append(chosen[k])
+                stats[row]["collision"].append(collision[k])
                 if unused is not None:
-                    stats[row]["unused_mass"].append(unused[row])
+                    stats[row]["unused_mass"].append(unused[k])
                     stats[row]["unused_sampled"] += int(token >= unused_from)
             if token in eos_ids:
                 stops[row] = "completed"
-        if all(stop == "completed" for stop in stops) or step + 1 == sampling.max_tokens:
+                if on_row_done is not None:
+                    on_row_done(row, result(row))
+            else:
+                decoding.append(row)
+        active = decoding
+        if not active or step + 1 == sampling.max_tokens:
             break
-        step_ids = torch.tensor(drawn, dtype=torch.long)[:, None]
         if padded:
             mask = torch.cat([mask, torch.ones(rows, 1, dtype=torch.long)], dim=-1)
             out = model(input_ids=step_ids, attention_mask=mask, position_ids=(positions + step)[:, None],
@@ -243,6 +262,4 @@ def sample_batch(
             out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
         past = out.past_key_values
         logits = out.logits[:, -1].float()
-    if not sampling.logprobs:
-        return [(tokens[row], None, stops[row], None) for row in range(rows)]
-    return [(tokens[row], log_probs[row], stops[row], stats[row]) for row in range(rows)]
+    return [result(row) for row in range(rows)]
