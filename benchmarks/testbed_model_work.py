@@ -5,7 +5,9 @@ validation, one thread (as the trainer's workers run), to set the trainer's step
   ``sample_batch`` (what the HF server runs for a submission), and ``decode_step_by_group``: the same 8 groups
   one after another (``sample_group``, the server's group mode);
 - ``update``: forward + backward + GainAdamW step over those 64 sampled sequences (one micro-batch, as the preset);
-- ``decode_validation``: 64 held-out prompts x 8 samples as one batch.
+- ``decode_validation``: 64 held-out prompts x 8 samples as one batch, and how many tokens its rows drew
+  (``validation_row_tokens``: the decode lasts as long as its longest row; each request is answered when its own
+  row ends).
 Prompts are the first rows of the testbed's own train / held-out files (``stapo data prepare`` builds them; the
 trainer does at start-up). Medians of ``--repeats`` rounds after one warm-up.
 """
@@ -28,6 +30,14 @@ def prompts(tokenizer, file: Path, count: int) -> list[list[int]]:
     texts = [tokenizer.apply_chat_template(list(row), tokenize=False, add_generation_prompt=True)
              for row in rows["prompt"]]
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+
+
+def row_token_quantiles(lengths: list[int]) -> dict[str, int]:
+    """How many tokens the rows of a decode drew before they ended (nearest-rank quantiles): the batch runs until
+    its longest row ends, and the server hands each request over when its own row ends."""
+    ordered = sorted(lengths)
+    at = {"min": 0.0, "q25": 0.25, "median": 0.5, "q75": 0.75, "q95": 0.95, "max": 1.0}
+    return {name: ordered[min(len(ordered) - 1, int(q * len(ordered)))] for name, q in at.items()}
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
@@ -87,8 +97,9 @@ def main() -> None:
 
     out["update_s"], _ = timed(update, args.repeats)
     val_rows = [p for p in val for _ in range(8)]
-    out["decode_validation_s"], _ = timed(
+    out["decode_validation_s"], val_samples = timed(
         lambda: sample_batch(model, val_rows, sampling, list(range(len(val_rows))), eos), max(1, args.repeats - 1))
+    out["validation_row_tokens"] = row_token_quantiles([len(tokens) for tokens, *_ in val_samples])
     out["step_model_work_s"] = out["decode_step_s"] + out["update_s"]
     print(json.dumps(out, indent=1))
     if args.json:

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.testbed_timings import PHASES, parse, summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +72,21 @@ def test_the_other_scripts_command_lines():
                               timeout=120)
         assert done.returncode == 0 and "usage:" in done.stdout, (module, done.stderr[-500:])
 
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_row_token_quantiles_are_nearest_rank(seed):
+    """Each named quantile q of the rows' token counts is a value v with fewer than q*n rows below it and more than
+    q*n at or below it (the nearest-rank rule, ties included); min and max are the extremes."""
+    from benchmarks.testbed_model_work import row_token_quantiles
+
+    rng = random.Random(seed)
+    lengths = [rng.choice([1, 64, rng.randint(20, 64)]) for _ in range(rng.randint(1, 600))]
+    found = row_token_quantiles(lengths)
+    assert (found["min"], found["max"]) == (min(lengths), max(lengths))
+    for name, q in {"q25": 0.25, "median": 0.5, "q75": 0.75, "q95": 0.95}.items():
+        v, n = found[name], len(lengths)
+        assert sum(x < v for x in lengths) <= q * n < sum(x <= v for x in lengths), (name, v)
 
 def test_the_in_place_cache_timings_are_what_benchmarks_md_quotes():
     """BENCHMARKS.md's table of the in-place KV cache, recomputed from the two runs' logs and the model work."""
