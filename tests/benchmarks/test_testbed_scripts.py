@@ -675,3 +675,35 @@ def test_the_exponential_race_timings_are_what_benchmarks_md_quotes_and_the_runs
     digest, count = logged_alike("2026-11-28-exponential-race", RACE, "race-1")
     earlier, _ = logged_alike("2026-11-28-group-puts", GROUP_PUTS, "grouped-1")
     assert digest == earlier and f"the four runs logged the same {count:,} values other than timings" in flat
+
+
+EARLY = ("ab-before-1", "ab-early-1", "ab-early-2", "ab-before-2")
+
+
+def test_the_early_hand_over_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
+    """BENCHMARKS.md, "each request answered when its row ends": the table, ranges, medians and ratios from the four
+    runs' parsed logs and the model work (with the validation rows' token counts); every run's logged values hash to
+    the kept run's, the thirteenth section's hash."""
+    found, work, flat = load_ab("2026-11-28-early-hand-over", EARLY)
+
+    def pooled(prefix: str, key: str) -> list[float]:
+        return pooled_runs(found, EARLY, prefix, key)
+
+    tokens = work["validation_row_tokens"]
+    assert (f"a quarter of the rows ended by token {tokens['q25']}, half by {tokens['median']}, 95 % by "
+            f"{tokens['q95']}, the longest at {tokens['max']}, the limit") in flat and tokens["max"] == 64
+    early, late = pooled("ab-early", "testing"), pooled("ab-before", "testing")
+    assert (f"a validation {early[0]:.1f}-{early[-1]:.1f} s answered when the row ends against {late[0]:.1f}-"
+            f"{late[-1]:.1f} s answered at the batch's end (medians {statistics.median(early):.1f} and "
+            f"{statistics.median(late):.1f} s)") in flat
+    gen_early, gen_late = pooled("ab-early", "gen"), pooled("ab-before", "gen")
+    assert f"`gen` {gen_early[0]:.2f}-{gen_early[-1]:.2f} s against {gen_late[0]:.2f}-{gen_late[-1]:.2f} s" in flat
+    step, decode = work["step_model_work_s"], work["decode_validation_s"]
+    assert f"model work ({step:.2f} s a step, the validation's decode {decode:.2f} s)" in flat
+    ratios = {f"{statistics.median(pooled(p, 'step')) / step:.1f}" for p in ("ab-early", "ab-before")}
+    assert len(ratios) == 1 and f"a step is {ratios.pop()}x its model work either way" in flat
+    assert (f"a validation {statistics.median(early) / decode:.1f}x its decode with the change "
+            f"({statistics.median(late) / decode:.1f}x without)") in flat
+    digest, count = logged_alike("2026-11-28-early-hand-over", EARLY, "ab-early-1")
+    earlier, _ = logged_alike("2026-11-28-exponential-race", RACE, "race-1")
+    assert digest == earlier and f"the four runs logged the same {count:,} values other than timings" in flat
