@@ -556,9 +556,9 @@ LONG_HORIZON_SETS = {
     "tailbed-long-horizon": (["GRPO seed 1", "JustRL seed 1", "JustRL seed 2", "STAPO seed 1", "STAPO seed 2"],
                              "Finished so far: GRPO seed 1, JustRL seeds 1 and 2 and STAPO seeds 1 and 2.",
                              "commit 0777993"),
-    "tailbed-long-horizon-xeon": (["GRPO seed 1", "GRPO seed 2", "JustRL seed 1", "JustRL seed 2", "STAPO seed 1",
-                                   "STAPO seed 2"],
-                                  "Finished so far: GRPO, JustRL and STAPO seeds 1 and 2.",
+    "tailbed-long-horizon-xeon": (["GRPO seed 1", "GRPO seed 2", "GRPO seed 3", "JustRL seed 1", "JustRL seed 2",
+                                   "STAPO seed 1", "STAPO seed 2"],
+                                  "Finished so far: GRPO seeds 1-3, JustRL and STAPO seeds 1 and 2.",
                                   "checkout of 61b6e2f"),
 }
 
