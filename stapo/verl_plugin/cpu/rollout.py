@@ -10,7 +10,8 @@ Pieces, in verl's own terms (hybrid mode: actor and rollout share the worker pro
   docs/reproducibility.md) and returns raw-logit log-probs, so rollout and actor log-probs can be
   compared. When the trainer announces a submission's row count (``announce_submissions``, one
   server only), every request of the submission decodes in ONE batch instead: a step's 8 groups, or
-  a validation's 64, cost one forward per token instead of one per group.
+  a validation's 64, cost one forward per token instead of one per group. Either way each request is
+  answered as soon as its own row ends, while the batch decodes on (the tokens do not change).
 """
 
 from __future__ import annotations
