@@ -287,6 +287,107 @@ TL_QUOTES = [
     (R, "no token of either was clipped in any of the {} steps", clipped_steps(TL, "algo=grpo")[1]),
     *_tl_events(),
 ]
+LX = "tailbed-long-horizon-xeon"
+LX_GROUPS = ("algo=justrl", "algo=stapo", "algo=grpo")
+# results/README.md's table of LX: (row title, quantity, digits); JustRL, STAPO, GRPO, then the two paired differences
+LX_ROWS = [
+    ("held-out acc, step 500", "final_acc", 3),
+    ("train reward, last 10 steps", "late_reward", 3),
+    ("mean entropy, step 500", "entropy_last", 4),
+    ("largest mean entropy of a step", "entropy_peak", 4),
+    ("largest position entropy of a step", "entropy_max_peak", 3),
+    ("filler mass a position, mean over steps", "tail_mass", 6),
+    ("filler mass a position, last 10 steps", "tail_mass_late", 6),
+    ("filler mass, largest position of a step", "tail_mass_peak", 4),
+    ("S2T tokens' share of the exact grad norm", "norm_share", 4),
+]
+
+
+def series_mean(folder: str, name: str, key: str, step: int, digits: int = 3) -> str:
+    """A logged quantity at one step, averaged over the group's runs."""
+    values = [run["series"][key][str(step)] for run in group(folder, name)["runs"]]
+    return num(sum(values) / len(values), digits)
+
+
+def first_collapses(folder: str, name: str) -> list[int]:
+    """Per seed (in seed order), the first step whose mean entropy is below half the run's step-1 value."""
+    events = entropy_events(folder, name)
+    return [events[seed]["collapse"][0] for seed in sorted(events)]
+
+
+def _lx_quotes() -> list[tuple]:
+    events = {name: entropy_events(LX, name) for name in LX_GROUPS}
+    runs = [run for name in LX_GROUPS for run in group(LX, name)["runs"]]
+    assert len(runs) == 9 and all(run["last_step"] == 500 for run in runs)
+    # the file's own event counts are the test's
+    for name in LX_GROUPS:
+        counted = group(LX, name)["events"]
+        for kind, mine in (("explosion", "explosion"), ("tail_driven", "tail"), ("collapse", "collapse")):
+            assert counted[kind]["runs"] == runs_with(events[name], mine)
+    calm_ratio = max(run["entropy_peak"] / run["entropy_first"] for run in runs
+                     if (run["seed"], run in group(LX, "algo=justrl")["runs"]) != (3, True))
+    rising = sum(run["series"]["held_out_acc"]["500"] > run["series"]["held_out_acc"]["150"] for run in runs)
+
+    def counted(name: str, kind: str) -> str:
+        return f"{runs_with(events[name], kind)} of {len(events[name])}"
+
+    rows = (("an entropy explosion", "explosion"), ("a tail-driven explosion", "tail"),
+            ("an entropy collapse", "collapse"))
+    return [
+        (R, "| held-out acc, step 0 | {} | {} | {} | | |", *[stat(LX, g, "initial_acc") for g in LX_GROUPS]),
+        (R, "| mean entropy, step 1 | {} | {} | {} | | |", *[stat(LX, g, "entropy_first", 4) for g in LX_GROUPS]),
+        *[(R, f"| {title} | {{}} | {{}} | {{}} | {{}} | {{}} |", *[stat(LX, g, quantity, digits) for g in LX_GROUPS],
+           paired(LX, "algo=stapo", quantity, digits), paired(LX, "algo=grpo", quantity, digits))
+          for title, quantity, digits in LX_ROWS],
+        *[(R, f"| {row} | {{}} | {{}} | {{}} |", *[counted(g, kind) for g in LX_GROUPS]) for row, kind in rows],
+        (R, "in the other eight runs the largest mean entropy of a step stayed within {}x of the run's step-1 value",
+         num(calm_ratio, 2)),
+        (R, "first at steps {} (JustRL), {} (STAPO) and {} (GRPO)",
+         *[", ".join(map(str, first_collapses(LX, g))) for g in LX_GROUPS]),
+        (R, "held-out accuracy rose from {} at step 150 to {} at step 500 (JustRL's mean; STAPO's {} to {}, GRPO's {} "
+            "to {}), higher at step 500 than at step 150 in {} of the 9 runs",
+         *[f for g in LX_GROUPS for f in (series_mean(LX, g, "held_out_acc", 150),
+                                          series_mean(LX, g, "held_out_acc", 500))], rising),
+    ]
+
+
+def _lx_bullets() -> list[tuple]:
+    events = entropy_events(LX, "algo=justrl")
+    exploded = {seed: e["explosion"] for seed, e in events.items() if e["explosion"]}
+    assert list(exploded) == [3] and exploded[3] == [184, 185] and not any(e["tail"] for e in events.values())
+    ratios = {name: [tail_ratio(LX, name, run["seed"]) for run in group(LX, name)["runs"]] for name in LX_GROUPS}
+    tail = run_of(LX, "algo=justrl", 3)["series"]["tail_mass"]
+    assert max(tail, key=tail.get) == "185"
+    stress = entropy_events(TL, "algo=justrl")
+    below_line = sorted(tail_ratio(TL, "algo=justrl", seed) for seed, e in stress.items()
+                        if e["explosion"] and not e["tail"])
+    return [
+        (R, "JustRL's seed 3 passed twice its step-1 entropy at steps 184 and 185 ({} at step 184, against {} at step "
+            "1); its filler mass a position was {}x and {}x its step-1 value at those two steps, its largest of the "
+            "run, just under the rule's 10x line", series(LX, "algo=justrl", 3, "entropy", 184, 4),
+         series(LX, "algo=justrl", 3, "entropy", 1, 4), *[num(tail[step] / tail["1"], 1) for step in ("184", "185")]),
+        (R, "The largest filler mass a position of any step, over the run's step-1 value, seeds 1, 2 and 3: JustRL {}, "
+            "GRPO {}, STAPO {}", *[", ".join(num(r, 1) + "x" for r in ratios[name])
+                                   for name in ("algo=justrl", "algo=grpo", "algo=stapo")]),
+        (R, "STAPO's filler mass a position over the run is lower than JustRL's in {} seeds ({}), the S2T tokens' "
+            "share of the exact grad norm lower in {} ({}), its largest mean entropy of a step lower in {} ({})",
+         lower_in(LX, "algo=stapo", "tail_mass"), paired(LX, "algo=stapo", "tail_mass", 6),
+         lower_in(LX, "algo=stapo", "norm_share"), paired(LX, "algo=stapo", "norm_share", 4),
+         lower_in(LX, "algo=stapo", "entropy_peak"), paired(LX, "algo=stapo", "entropy_peak", 4)),
+        (R, "STAPO minus JustRL {} at step 500 (per seed {}), GRPO minus JustRL {} (per seed {})",
+         paired(LX, "algo=stapo", "final_acc"), ", ".join(deltas(LX, "algo=stapo", "final_acc")),
+         paired(LX, "algo=grpo", "final_acc"), ", ".join(deltas(LX, "algo=grpo", "final_acc"))),
+        (R, "no token was clipped in any of the {:,} steps of its runs", clipped_steps(LX, "algo=grpo")[1]),
+        (R, "as the lr stress's JustRL runs with {}-{}x were not", num(below_line[0], 1), num(below_line[-1], 1)),
+        (M, "and STAPO ends above JustRL in each of the three seeds ({} held-out at step 500), too few seeds to call",
+         paired(LX, "algo=stapo", "final_acc")),
+        (R, "STAPO ends above JustRL in {} seeds: a sign that one-sided has p = {} with three, and one evaluation of "
+            "512 samples at this accuracy has a binomial standard error of about {}",
+         higher_in(LX, "algo=stapo", "final_acc"), num(0.5 ** 3, 3),
+         num((lambda a: (a * (1 - a) / 512) ** 0.5)(group(LX, "algo=stapo")["stats"]["final_acc"]["mean"]), 3)),
+    ]
+
+
 TB_QUOTES = [
     (R, "| held-out acc, step 0 |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
     *[(R, f"| {title} |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, quantity, digits) for g in TB_GROUPS])
@@ -495,6 +596,8 @@ QUOTES = [
     *TB_QUOTES,
     *TD_QUOTES,
     *TL_QUOTES,
+    *_lx_quotes(),
+    *_lx_bullets(),
 ]
 # every seed's paired difference has the sign the reading says ("lower in each seed")
 LOWER_IN_EACH_SEED = [
@@ -556,9 +659,8 @@ LONG_HORIZON_SETS = {
     "tailbed-long-horizon": (["GRPO seed 1", "JustRL seed 1", "JustRL seed 2", "STAPO seed 1", "STAPO seed 2"],
                              "Finished so far: GRPO seed 1, JustRL seeds 1 and 2 and STAPO seeds 1 and 2.",
                              "commit 0777993"),
-    "tailbed-long-horizon-xeon": (["GRPO seed 1", "GRPO seed 2", "GRPO seed 3", "JustRL seed 1", "JustRL seed 2",
-                                   "STAPO seed 1", "STAPO seed 2"],
-                                  "Finished so far: GRPO seeds 1-3, JustRL and STAPO seeds 1 and 2.",
+    "tailbed-long-horizon-xeon": ([f"{algo} seed {seed}" for algo in ("GRPO", "JustRL", "STAPO") for seed in (1, 2, 3)],
+                                  "seeds 1-3, made session by session on the 2-core Intel Xeon kind",
                                   "checkout of 61b6e2f"),
 }
 
