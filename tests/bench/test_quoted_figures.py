@@ -218,6 +218,16 @@ def above_in_every_seed(folder: str, name: str, other: str, quantity: str) -> in
     return len(runs)
 
 
+# results/README.md's event tables: (row title, entropy_events' kind)
+EVENT_ROWS = (("an entropy explosion", "explosion"), ("a tail-driven explosion", "tail"),
+              ("an entropy collapse", "collapse"))
+
+
+def counted(events: dict[int, dict[str, list[int]]], kind: str) -> str:
+    """``k of n``: the runs of ``entropy_events``' answer with an event of ``kind``, of all its runs."""
+    return f"{runs_with(events, kind)} of {len(events)}"
+
+
 def _tl_events() -> list[tuple]:
     justrl, stapo = entropy_events(TL, "algo=justrl"), entropy_events(TL, "algo=stapo")
     grpo = entropy_events(TL, "algo=grpo")
@@ -230,17 +240,12 @@ def _tl_events() -> list[tuple]:
         p = fisher_one_sided(runs_with(events, kind), len(events), runs_with(stapo, kind), len(stapo))
         return f"{p:.{digits}f}"
 
-    def counted(events: dict, kind: str) -> str:
-        return f"{runs_with(events, kind)} of {len(events)}"
-
     def peak(seed: int) -> str:
         return num(max(run_of(TL, "algo=justrl", seed)["series"]["tail_mass"].values()), 5)
 
-    rows = (("an entropy explosion", "explosion"), ("a tail-driven explosion", "tail"),
-            ("an entropy collapse", "collapse"))
     return [
         *[(R, f"| {row} | {{}} | {{}} | {{}} |", counted(justrl, kind), counted(stapo, kind), counted(grpo, kind))
-          for row, kind in rows],
+          for row, kind in EVENT_ROWS],
         (R, "explosion: p = {}). JustRL's seeds {}, {}, {}, {} and {} explode; seed 3 from step 19 to the end ({} at "
             "step 60, against {} at step 1)", p_value("explosion", 3), *exploded,
          series(TL, "algo=justrl", 3, "entropy", 60, 4), series(TL, "algo=justrl", 3, "entropy", 1, 4)),
@@ -321,25 +326,20 @@ def _lx_quotes() -> list[tuple]:
     assert len(runs) == 9 and all(run["last_step"] == 500 for run in runs)
     # the file's own event counts are the test's
     for name in LX_GROUPS:
-        counted = group(LX, name)["events"]
+        recorded = group(LX, name)["events"]
         for kind, mine in (("explosion", "explosion"), ("tail_driven", "tail"), ("collapse", "collapse")):
-            assert counted[kind]["runs"] == runs_with(events[name], mine)
-    calm_ratio = max(run["entropy_peak"] / run["entropy_first"] for run in runs
-                     if (run["seed"], run in group(LX, "algo=justrl")["runs"]) != (3, True))
+            assert recorded[kind]["runs"] == runs_with(events[name], mine)
+    exploded = run_of(LX, "algo=justrl", 3)
+    calm_ratio = max(run["entropy_peak"] / run["entropy_first"] for run in runs if run is not exploded)
     rising = sum(run["series"]["held_out_acc"]["500"] > run["series"]["held_out_acc"]["150"] for run in runs)
-
-    def counted(name: str, kind: str) -> str:
-        return f"{runs_with(events[name], kind)} of {len(events[name])}"
-
-    rows = (("an entropy explosion", "explosion"), ("a tail-driven explosion", "tail"),
-            ("an entropy collapse", "collapse"))
     return [
         (R, "| held-out acc, step 0 | {} | {} | {} | | |", *[stat(LX, g, "initial_acc") for g in LX_GROUPS]),
         (R, "| mean entropy, step 1 | {} | {} | {} | | |", *[stat(LX, g, "entropy_first", 4) for g in LX_GROUPS]),
         *[(R, f"| {title} | {{}} | {{}} | {{}} | {{}} | {{}} |", *[stat(LX, g, quantity, digits) for g in LX_GROUPS],
            paired(LX, "algo=stapo", quantity, digits), paired(LX, "algo=grpo", quantity, digits))
           for title, quantity, digits in LX_ROWS],
-        *[(R, f"| {row} | {{}} | {{}} | {{}} |", *[counted(g, kind) for g in LX_GROUPS]) for row, kind in rows],
+        *[(R, f"| {row} | {{}} | {{}} | {{}} |", *[counted(events[g], kind) for g in LX_GROUPS])
+          for row, kind in EVENT_ROWS],
         (R, "in the other eight runs the largest mean entropy of a step stayed within {}x of the run's step-1 value",
          num(calm_ratio, 2)),
         (R, "first at steps {} (JustRL), {} (STAPO) and {} (GRPO)",
@@ -359,6 +359,7 @@ def _lx_bullets() -> list[tuple]:
     tail = run_of(LX, "algo=justrl", 3)["series"]["tail_mass"]
     assert max(tail, key=tail.get) == "185"
     stress = entropy_events(TL, "algo=justrl")
+    accuracy = group(LX, "algo=stapo")["stats"]["final_acc"]["mean"]
     below_line = sorted(tail_ratio(TL, "algo=justrl", seed) for seed, e in stress.items()
                         if e["explosion"] and not e["tail"])
     return [
@@ -384,7 +385,7 @@ def _lx_bullets() -> list[tuple]:
         (R, "STAPO ends above JustRL in {} seeds: a sign that one-sided has p = {} with three, and one evaluation of "
             "512 samples at this accuracy has a binomial standard error of about {}",
          higher_in(LX, "algo=stapo", "final_acc"), num(0.5 ** 3, 3),
-         num((lambda a: (a * (1 - a) / 512) ** 0.5)(group(LX, "algo=stapo")["stats"]["final_acc"]["mean"]), 3)),
+         num((accuracy * (1 - accuracy) / 512) ** 0.5, 3)),
     ]
 
 
