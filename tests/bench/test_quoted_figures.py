@@ -655,25 +655,29 @@ def test_the_fisher_p_value_is_the_share_of_relabellings_as_extreme(hit_a, n_a, 
     assert fisher_one_sided(hit_a, n_a, hit_b, n_b) == pytest.approx(extreme / len(placements), rel=1e-12)
 
 
-LONG_HORIZON_SETS = {
-    # folder: (the finished runs, README's sentence, what COMMAND must say of the code)
+NAMES = {"algo=justrl": "JustRL", "algo=grpo": "GRPO", "algo=entropy20": "20-Entropy", "algo=stapo": "STAPO",
+         "algo=taco": "TACO", "algo=lopti": "Lopti"}
+ARCHIVED_SETS = {
+    # folder: (the finished runs, README's sentence, what COMMAND must say of the code, the runs' last step)
     "tailbed-long-horizon": (["GRPO seed 1", "JustRL seed 1", "JustRL seed 2", "STAPO seed 1", "STAPO seed 2"],
                              "Finished so far: GRPO seed 1, JustRL seeds 1 and 2 and STAPO seeds 1 and 2.",
-                             "commit 0777993"),
+                             "commit 0777993", 500),
     "tailbed-long-horizon-xeon": ([f"{algo} seed {seed}" for algo in ("GRPO", "JustRL", "STAPO") for seed in (1, 2, 3)],
                                   "seeds 1-3, made session by session on the 2-core Intel Xeon kind",
-                                  "checkout of 61b6e2f"),
+                                  "checkout of 61b6e2f", 500),
+    "tailbed-decodings-xeon": ([f"{algo} seed 1" for algo in ("GRPO", "JustRL")],
+                               "Finished so far: GRPO and JustRL seed 1.", "checkout of 1cebbee", 100),
 }
 
 
-@pytest.mark.parametrize("folder", sorted(LONG_HORIZON_SETS))
-def test_the_long_horizon_archive_holds_the_finished_runs_results_md_names(folder):
-    """results/<folder>/runs: runs kept by ``stapo sweep --archive``, each finished at step 500 from the code COMMAND
-    names; the README lists exactly these as finished so far."""
+@pytest.mark.parametrize("folder", sorted(ARCHIVED_SETS))
+def test_an_archived_set_holds_the_finished_runs_results_md_names(folder):
+    """results/<folder>/runs: runs kept by ``stapo sweep --archive``, each finished at the set's last step, from the
+    code COMMAND names, on one kind of machine; the README lists exactly these as finished so far."""
     from stapo.runs.folder import read_record, read_run_metrics
     from stapo.sweep.cli import is_finished
 
-    expected, sentence, code = LONG_HORIZON_SETS[folder]
+    expected, sentence, code, last_step = ARCHIVED_SETS[folder]
     runs = sorted((RESULTS / folder / "runs").glob("*/seed-*"))
     names, kinds = [], set()
     for run in runs:
@@ -681,9 +685,8 @@ def test_the_long_horizon_archive_holds_the_finished_runs_results_md_names(folde
         steps = read_run_metrics(run)
         kinds.add(record.get("machine"))
         assert is_finished(run) and record["returncode"] == 0
-        assert max(step for step, metrics in steps.items() if "timing_s/step" in metrics) == 500
-        names.append(f"{ {'algo=justrl': 'JustRL', 'algo=stapo': 'STAPO', 'algo=grpo': 'GRPO'}[record['cell']]} "
-                     f"seed {record['seed']}")
+        assert max(step for step, metrics in steps.items() if "timing_s/step" in metrics) == last_step
+        names.append(f"{NAMES[record['cell']]} seed {record['seed']}")
     assert names == expected
     assert len(kinds - {None}) <= 1  # one kind of machine a set (records before 46dc118 name none)
     readme = " ".join((RESULTS / "README.md").read_text().split())
@@ -748,3 +751,31 @@ def test_the_long_horizons_identity_checks_logged_what_the_archived_runs_logged(
     assert sorted(checked) == list(range(upto + 1)) and checked == archived
     count = sum(len(values) for values in checked.values())
     assert quoted.format(f"{count:,}") in " ".join((folder / "COMMAND").read_text().replace("#", " ").split())
+
+
+def _shared_with_the_long_horizon() -> list[str]:
+    """The decodings set's archived runs whose cell and seed the Xeon long horizon also ran."""
+    decodings, horizon = RESULTS / "tailbed-decodings-xeon" / "runs", RESULTS / "tailbed-long-horizon-xeon" / "runs"
+    return sorted(str(run.relative_to(decodings)) for run in decodings.glob("*/seed-*")
+                  if (horizon / run.relative_to(decodings)).is_dir())
+
+
+@pytest.mark.parametrize("run", _shared_with_the_long_horizon())
+def test_the_xeon_decodings_runs_trained_what_the_xeon_long_horizon_trained_in_its_first_100_steps(run):
+    """Two sets on the Intel Xeon, from checkouts of 1cebbee and 61b6e2f: a 100-step run validated every 25 steps at
+    two decodings logs, at steps 0-100, every value its seed's 500-step run (validated every 50 steps at T=1) logged,
+    the same to the bit, and nothing more than its extra validations: neither the run's length nor its validations
+    touch training (results/tailbed-decodings-xeon/COMMAND quotes two of the counts)."""
+    decodings = raw_values(RESULTS / "tailbed-decodings-xeon" / "runs" / run / "metrics.jsonl.gz", 100)
+    horizon = raw_values(RESULTS / "tailbed-long-horizon-xeon" / "runs" / run / "metrics.jsonl.gz", 100)
+    assert sorted(decodings) == sorted(horizon) == list(range(101))
+    for step, values in horizon.items():
+        assert {key: decodings[step].get(key) for key in values} == values, f"step {step}"
+        extra = set(decodings[step]) - set(values)
+        assert all(key.startswith("val") and (step in (25, 75) or "@T0.7" in key) for key in extra), f"step {step}"
+    count = f"{sum(len(values) for values in horizon.values()):,}"
+    quoted = {"algo-justrl/seed-1": f"JustRL seed 1 logged the same {count} values",
+              "algo-grpo/seed-1": f"GRPO seed 1 the same {count} values"}
+    if run in quoted:
+        assert quoted[run] in " ".join((RESULTS / "tailbed-decodings-xeon" / "COMMAND").read_text().replace("#", " ")
+                                       .split())
