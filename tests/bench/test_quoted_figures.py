@@ -389,12 +389,20 @@ def _lx_bullets() -> list[tuple]:
     ]
 
 
+def six_algorithm_tables(folder: str, rows: list[tuple[str, str, int]]) -> list[tuple]:
+    """The rows of a tailbed comparison's two tables of the six algorithms (tailbed-t1's layout): each group's
+    ``mean ± se``, then each group minus JustRL, paired by seed."""
+    return [
+        *[(R, f"| {title} |" + TB_CELL * len(TB_GROUPS), *[stat(folder, g, quantity, digits) for g in TB_GROUPS])
+          for title, quantity, digits in [("held-out acc, step 0", "initial_acc", 3), *rows]],
+        *[(R, f"| {title} |" + TB_CELL * (len(TB_GROUPS) - 1),
+           *[paired(folder, g, quantity, digits) for g in TB_GROUPS[1:]])
+          for title, quantity, digits in rows],
+    ]
+
+
 TB_QUOTES = [
-    (R, "| held-out acc, step 0 |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, "initial_acc") for g in TB_GROUPS]),
-    *[(R, f"| {title} |" + TB_CELL * len(TB_GROUPS), *[stat(TB, g, quantity, digits) for g in TB_GROUPS])
-      for title, quantity, digits in TB_ROWS],
-    *[(R, f"| {title} |" + TB_CELL * (len(TB_GROUPS) - 1), *[paired(TB, g, quantity, digits) for g in TB_GROUPS[1:]])
-      for title, quantity, digits in TB_ROWS],
+    *six_algorithm_tables(TB, TB_ROWS),
     (R, "STAPO silenced {} % of the response tokens", pct(TB, "algo=stapo", "mask_ratio", 3)),
     (R, "the wall times ({}-{} min a run)",
      *[str(round(f(r["wall_s"] for g in load(TB)["groups"] for r in g["runs"]) / 60)) for f in (min, max)]),
@@ -665,8 +673,9 @@ ARCHIVED_SETS = {
     "tailbed-long-horizon-xeon": ([f"{algo} seed {seed}" for algo in ("GRPO", "JustRL", "STAPO") for seed in (1, 2, 3)],
                                   "seeds 1-3, made session by session on the 2-core Intel Xeon kind",
                                   "checkout of 61b6e2f", 500),
-    "tailbed-decodings-xeon": ([f"{algo} seed 1" for algo in ("GRPO", "JustRL")],
-                               "Finished so far: GRPO and JustRL seed 1.", "checkout of 1cebbee", 100),
+    "tailbed-decodings-xeon": ([f"{algo} seed 1" for algo in ("20-Entropy", "GRPO", "JustRL", "STAPO")],
+                               "Finished so far: 20-Entropy, GRPO, JustRL and STAPO seed 1.",
+                               "checkout of 1cebbee", 100),
 }
 
 
@@ -775,6 +784,7 @@ def test_the_xeon_decodings_runs_trained_what_the_xeon_long_horizon_trained_in_i
         assert all(key.startswith("val") and (step in (25, 75) or "@T0.7" in key) for key in extra), f"step {step}"
     count = f"{sum(len(values) for values in horizon.values()):,}"
     quoted = {"algo-justrl/seed-1": f"JustRL seed 1 logged the same {count} values",
+              "algo-stapo/seed-1": f"the same {count} values as the long horizon's STAPO seed 1",
               "algo-grpo/seed-1": f"GRPO seed 1 the same {count} values"}
     if run in quoted:
         assert quoted[run] in " ".join((RESULTS / "tailbed-decodings-xeon" / "COMMAND").read_text().replace("#", " ")
