@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("stapo.demo.cli", "train a real small model with STAPO on CPU, with progress and plots"),
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from stapo.validation import STAPOConfigError, refusal_line
 
     module = importlib.import_module(COMMANDS[name][0])
+    previous = _stop_on_sigterm()
     try:
         return int(module.main(rest) or 0)
     except STAPOConfigError as error:  # a bad setting is the user's to fix: one line, no traceback
@@ -48,6 +51,24 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(refusal_line(error), file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the command has said what it stopped and what was kept
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_on_sigterm():
+    """SIGTERM (``kill``, a scheduler cancelling the job) handled as Ctrl-C: the commands that start trainers run
+    them in sessions of their own, which a SIGTERM to this process alone would leave running; on Ctrl-C they stop
+    them. The handler it replaces, to put back (None off the main thread, where none can be installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _interrupt)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,9 @@ TICK_S = 0.5
 # is sampled every tick for its first seconds.
 MEMORY_SAMPLE_S = 15.0
 EVERY_TICK_FOR_S = 10.0
+# what stop_running_children stops: every child of run_recipe_process still running, in any thread
+_RUNNING: dict[int, subprocess.Popen] = {}
+_RUNNING_LOCK = threading.Lock()
 
 
 def recipe_command(overrides: list[str]) -> list[str]:
@@ -93,6 +96,8 @@ def run_recipe_process(
         recipe_command(overrides), cwd=cwd, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, errors="replace", start_new_session=True,
     )
+    with _RUNNING_LOCK:
+        _RUNNING[proc.pid] = proc
     peak, timed_out, done = [0], [False], threading.Event()
 
     def sample() -> None:
@@ -117,18 +122,54 @@ def run_recipe_process(
                 on_line(line, proc)
         proc.wait()
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        _stop([proc], STOP_GRACE_S)
         raise
     finally:
         done.set()
         sampler.join()
         _kill_session(proc.pid)  # whatever of the child's session outlived it (a stray raylet)
+        with _RUNNING_LOCK:
+            _RUNNING.pop(proc.pid, None)
     return ProcessRun(proc.returncode, time.monotonic() - started, peak[0], timed_out[0])
 
 
+# how long a trainer gets to exit on SIGTERM before its session is killed
+STOP_GRACE_S = 60.0
+
+
+def stop_running_children(grace_s: float = STOP_GRACE_S) -> int:
+    """Stop every recipe child still running, whichever thread watches it; how many there were.
+
+    Each child runs in a session of its own, so a Ctrl-C at the terminal (or a scheduler's SIGTERM to the caller)
+    reaches only the caller, and only its main thread: ``run_recipe_process`` stops the child it watches itself
+    when the interrupt lands in it, but not the children that other threads watch (``stapo sweep
+    --max-parallel``). This sends each of them SIGTERM, as that path does (checkpoints already written stay
+    usable), and kills the session of any still running after ``grace_s``.
+    """
+    with _RUNNING_LOCK:
+        children = list(_RUNNING.values())
+    _stop(children, grace_s)
+    return len(children)
+
+
+def _stop(children: list[subprocess.Popen], grace_s: float) -> None:
+    for proc in children:
+        _signal_session(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in children:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_session(proc.pid)
+
+
 def _kill_session(pid: int) -> None:
+    _signal_session(pid, signal.SIGKILL)
+
+
+def _signal_session(pid: int, sig: int) -> None:
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass

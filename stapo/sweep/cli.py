@@ -8,7 +8,9 @@ presets; ``--max-parallel N``: N at once, the same numbers, see ``run_local_swee
 ``--launcher ray``, each as its own Ray job through ``launch/ray/submit.sh``. A run
 whose folder records a clean finish is skipped, so the same command resumes an interrupted sweep; an
 unfinished run restarts from its last checkpoint (its own ``checkpoints/`` folder,
-``trainer.resume_mode=auto``). After the runs, and with ``--compare-only`` at any time,
+``trainer.resume_mode=auto``). Ctrl-C, or a SIGTERM to the sweep (``kill``, a scheduler's cancel), stops the
+local runs in flight and exits 130; the runs of a Ray cluster's jobs keep running (``--launcher ray``).
+After the runs, and with ``--compare-only`` at any time,
 ``OUT/comparison.md`` / ``.json`` and ``OUT/plots/`` are written from the run folders: mean ± standard
 error per cell over seeds, then each cell's difference to ``--baseline`` (default the first cell) paired
 by seed, the comparison that the shared seeds make sharper. Every run is read at the configured last
@@ -215,23 +217,42 @@ def run_local_sweep(
     ones. Each run's numbers are the same alone or beside another (the CPU trainer does not depend on the
     load, docs/reproducibility.md): running two at once only shares the cores (a CPU run keeps about 1.3 of
     them busy, so two on two cores finish a sweep sooner; the wall times then count the sharing)."""
+    import threading
+
     from stapo.runs.train import say
+
+    interrupted = threading.Event()
 
     def one(head: str, run: PlannedRun) -> PlannedRun | None:
         say(f"{head}: running in {run.run_dir}")
         returncode = run_local(run, common, echo)
         if returncode != 0:
-            say(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})")
+            if not interrupted.is_set():
+                say(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})")
             return run
         return None
 
-    if max_parallel == 1:
+    if max_parallel == 1:  # an interrupt lands in the one run's watcher, which stops it
         results = [one(head, run) for head, run in todo]
     else:
         from concurrent.futures import ThreadPoolExecutor
 
+        from stapo.runs.process import stop_running_children
+
         with ThreadPoolExecutor(max_workers=max_parallel) as pool:
-            results = list(pool.map(lambda item: one(*item), todo))
+            futures = [pool.submit(one, *item) for item in todo]
+            try:
+                results = [future.result() for future in futures]
+            except KeyboardInterrupt:
+                # only this thread sees Ctrl-C (or the SIGTERM stapo's entry point turns into one); the runs in
+                # flight are in sessions of their own, so stop them here instead of waiting for them to end
+                interrupted.set()
+                for future in futures:
+                    future.cancel()
+                stopped = stop_running_children()
+                say(f"[sweep] interrupted: stopped the {stopped} run(s) in flight (their checkpoints are kept); "
+                    "the same command resumes the sweep")
+                raise
     return [run for run in results if run is not None]
 
 
