@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# the commands that run trainers as children in sessions of their own (stapo/runs/process.py)
+STARTS_TRAINERS = {"demo", "sweep"}
+
+
 def _usage() -> str:
     lines = ["usage: stapo <command> [options]", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
@@ -43,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from stapo.validation import STAPOConfigError, refusal_line
 
     module = importlib.import_module(COMMANDS[name][0])
-    previous = _stop_on_sigterm()
+    previous = _stop_on_sigterm() if name in STARTS_TRAINERS else None
     try:
         return int(module.main(rest) or 0)
     except STAPOConfigError as error:  # a bad setting is the user's to fix: one line, no traceback
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(refusal_line(error), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # the command has said what it stopped and what was kept
+    except KeyboardInterrupt:  # no traceback; a command that started trainers has said what it stopped and kept
         return 130
     finally:
         if previous is not None:
@@ -65,7 +69,8 @@ def _interrupt(signum, frame):
 def _stop_on_sigterm():
     """SIGTERM (``kill``, a scheduler cancelling the job) handled as Ctrl-C: the commands that start trainers run
     them in sessions of their own, which a SIGTERM to this process alone would leave running; on Ctrl-C they stop
-    them. The handler it replaces, to put back (None off the main thread, where none can be installed)."""
+    them. The other commands keep the default (an immediate exit). The handler it replaces, to put back (None off
+    the main thread, where none can be installed)."""
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _interrupt)
