@@ -224,6 +224,8 @@ def run_local_sweep(
     interrupted = threading.Event()
 
     def one(head: str, run: PlannedRun) -> PlannedRun | None:
+        if interrupted.is_set():  # taken from the queue as the sweep was being stopped
+            return run
         say(f"{head}: running in {run.run_dir}")
         returncode = run_local(run, common, echo)
         if returncode != 0:
@@ -250,6 +252,9 @@ def run_local_sweep(
                 for future in futures:
                     future.cancel()
                 stopped = stop_running_children()
+                while not all(future.done() for future in futures):  # a run started as the interrupt came
+                    stopped += stop_running_children()
+                    time.sleep(0.5)
                 say(f"[sweep] interrupted: stopped the {stopped} run(s) in flight (their checkpoints are kept); "
                     "the same command resumes the sweep")
                 raise
