@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from stapo.runs.process import process_tree
 from stapo.sweep.cli import is_finished
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -81,7 +82,7 @@ def test_stopping_a_parallel_sweep_stops_every_run_in_flight_and_keeps_them_resu
         while len(trainers := trainers_with_ray(sweep)) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, "both trainers never started Ray"
             time.sleep(1)
-        tree = [process for trainer in trainers for process in [trainer, *trainer.children(recursive=True)]]
+        tree = [process for trainer in trainers for process in process_tree(trainer.pid)]
         proc.send_signal(sig)
         output, _ = proc.communicate(timeout=180)  # the runs have 100 steps: only stopping them ends it this soon
     finally:
