@@ -461,6 +461,114 @@ TB_QUOTES = [
      paired(TB, "algo=taco", "tail_mass_late", 6), lower_in(TB, "algo=taco", "tail_mass_late"),
      paired(TB, "algo=taco", "final_acc"), higher_in(TB, "algo=lopti", "entropy_peak")),
 ]
+
+TX = "tailbed-decodings-xeon"
+T07_STEP_100 = ("held-out acc at T=0.7 / top-p=0.9, step 100", "final_acc@T0.7", 3)
+
+
+def peak_ratio(folder: str, name: str, seed: int) -> float:
+    """A run's largest mean entropy of a step over its step-1 value."""
+    entropy = run_of(folder, name, seed)["series"]["entropy"]
+    return max(entropy.values()) / entropy["1"]
+
+
+def largest_of(folder: str, name: str, seed: int, key: str, digits: int = 4) -> tuple[str, str]:
+    """(value, step) of a run's largest logged ``key``."""
+    found = run_of(folder, name, seed)["series"][key]
+    step = max(found, key=found.get)
+    return num(found[step], digits), step
+
+
+def fisher_two_sided_by_tables(hit_a: int, n_a: int, hit_b: int, n_b: int) -> float:
+    """Fisher's exact test, two-sided: the chance of every split of the runs with an event between the groups that
+    is no likelier than the one seen (comparison.md's p, recomputed from the tables)."""
+    hits = hit_a + hit_b
+    chance = {k: comb(n_a, k) * comb(n_b, hits - k) / comb(n_a + n_b, hits) for k in range(max(0, hits - n_b),
+                                                                                              min(hits, n_a) + 1)}
+    return sum(p for p in chance.values() if p <= chance[hit_a] * (1 + 1e-9))
+
+
+def sign_test_two_sided(higher: int, lower: int) -> float:
+    """Two-sided sign test, ties left out: P(a split at least this uneven) under a fair coin."""
+    n, k = higher + lower, max(higher, lower)
+    return min(1.0, 2 * sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n)
+
+
+def _tx_quotes() -> list[tuple]:
+    events = {name: entropy_events(TX, name) for name in TB_GROUPS}
+    for name in TB_GROUPS:  # the file's own event counts are the test's
+        recorded = group(TX, name)["events"]
+        for kind, mine in (("explosion", "explosion"), ("tail_driven", "tail"), ("collapse", "collapse")):
+            assert recorded[kind]["runs"] == runs_with(events[name], mine)
+    assert [s for s, e in events["algo=justrl"].items() if e["tail"]] == [4, 5]
+    assert [s for s, e in events["algo=taco"].items() if e["collapse"]] == [3, 5]
+    taco_both = seed_deltas(TB, "algo=taco", "final_acc") + seed_deltas(TX, "algo=taco", "final_acc")
+    higher, lower = sum(d > 0 for d in taco_both), sum(d < 0 for d in taco_both)
+    assert (higher, lower, len(taco_both)) == (9, 0, 10)
+    walls = [r["wall_s"] / 60 for g in load(TX)["groups"] for r in g["runs"]]
+    t07_means = [group(TX, g)["stats"]["final_acc@T0.7"]["mean"] for g in TB_GROUPS]
+    return [
+        *six_algorithm_tables(TX, TB_ROWS + [T07_STEP_100]),
+        (R, "| held-out acc at T=0.7 / top-p=0.9, step 0 |" + TB_CELL * len(TB_GROUPS),
+         *[stat(TX, g, "initial_acc@T0.7") for g in TB_GROUPS]),
+        *[(R, f"| {row} |" + TB_CELL * len(TB_GROUPS), *[counted(events[g], kind) for g in TB_GROUPS])
+          for row, kind in EVENT_ROWS],
+        (R, "the wall times, {}-{} min a run", str(round(min(walls))), str(round(max(walls)))),
+        (R, "STAPO silenced {} % of the response tokens", pct(TX, "algo=stapo", "mask_ratio", 3)),
+        (R, "in seed 4 the mean entropy went from {} at step 1 to {} at step 100, still rising, its filler mass a "
+            "position to {}x its step-1 value; in seed 5 to {} at step {} (filler mass {}x)",
+         series(TX, "algo=justrl", 4, "entropy", 1, 4), series(TX, "algo=justrl", 4, "entropy", 100, 4),
+         num(tail_ratio(TX, "algo=justrl", 4), 1), *largest_of(TX, "algo=justrl", 5, "entropy"),
+         num(tail_ratio(TX, "algo=justrl", 5), 1)),
+        (R, "20-Entropy in seed 4 ({} at step {}, filler mass {}x), Lopti in seed 3 ({} at step {}, filler mass {}x",
+         *largest_of(TX, "algo=entropy20", 4, "entropy"), num(tail_ratio(TX, "algo=entropy20", 4), 1),
+         *largest_of(TX, "algo=lopti", 3, "entropy"), num(tail_ratio(TX, "algo=lopti", 3), 1)),
+        (R, "STAPO's largest mean entropy of any run was {}x its step-1 value (seed 4), TACO's {}x",
+         num(peak_ratio(TX, "algo=stapo", 4), 2),
+         num(max(peak_ratio(TX, "algo=taco", r["seed"]) for r in group(TX, "algo=taco")["runs"]), 2)),
+        (R, "(p = {}); it is the direction", num(fisher_two_sided_by_tables(
+            runs_with(events["algo=justrl"], "explosion"), 5, runs_with(events["algo=stapo"], "explosion"), 5), 3)),
+        (R, "STAPO's filler mass a position is lower in each seed over the run ({}) and over the last 10 steps ({}), "
+            "the S2T tokens' share of the exact gradient norm lower in each seed ({}), the mean entropy at step 100 "
+            "lower in each seed ({}), the train reward over the last 10 steps higher in each seed ({})",
+         paired(TX, "algo=stapo", "tail_mass", 6), paired(TX, "algo=stapo", "tail_mass_late", 6),
+         paired(TX, "algo=stapo", "norm_share", 4), paired(TX, "algo=stapo", "entropy_last", 4),
+         paired(TX, "algo=stapo", "late_reward")),
+        (R, "(the mean entropy at step 100, seed by seed: {})", ", ".join(deltas(TX, "algo=stapo", "entropy_last", 4))),
+        (R, "Held-out accuracy is not told apart: {} (per seed {})", paired(TX, "algo=stapo", "final_acc"),
+         ", ".join(deltas(TX, "algo=stapo", "final_acc"))),
+        (R, "Its filler mass a position over the run is {} against JustRL, its largest single-position entropy {}, each "
+            "lower in {} seeds, and its held-out accuracy at step 100 {} (per seed {})",
+         paired(TX, "algo=taco", "tail_mass", 6), paired(TX, "algo=taco", "entropy_max_peak"),
+         lower_in(TX, "algo=taco", "tail_mass"), paired(TX, "algo=taco", "final_acc"),
+         ", ".join(deltas(TX, "algo=taco", "final_acc"))),
+        (R, "With tailbed-t1 on the AMD EPYC ({}, no seed lower) TACO is above JustRL in {} of the 10 seeds of the two "
+            "builds and equal in the tenth (a two-sided sign test on the nine: p = {})",
+         paired(TB, "algo=taco", "final_acc"), higher, f"{sign_test_two_sided(higher, lower):.4f}"),
+        (R, "in seeds 3 and 5 it ends below half its step-1 value ({} and {} at step 100)",
+         run_value(TX, "algo=taco", 3, "entropy_last", 4), run_value(TX, "algo=taco", 5, "entropy_last", 4)),
+        (R, "Held-out at step 100 {} against JustRL, lower in {} seeds (tailbed-t1: {}, lower in {})",
+         paired(TX, "algo=entropy20", "final_acc"), lower_in(TX, "algo=entropy20", "final_acc"),
+         paired(TB, "algo=entropy20", "final_acc"), lower_in(TB, "algo=entropy20", "final_acc")),
+        (R, "lower than JustRL's in {} seeds ({}), where on the AMD EPYC it was higher in {}",
+         lower_in(TX, "algo=lopti", "tail_mass"), paired(TX, "algo=lopti", "tail_mass", 6),
+         higher_in(TB, "algo=lopti", "tail_mass")),
+        (R, "its own runs peaked at {}x and {}x their step-1 entropy (seeds 3 and 5). Held-out {}",
+         num(peak_ratio(TX, "algo=lopti", 3), 2), num(peak_ratio(TX, "algo=lopti", 5), 2),
+         paired(TX, "algo=lopti", "final_acc")),
+        (R, "{} held-out at step 0, {}-{} at step 100; the largest difference from JustRL is Lopti's {} (STAPO {})",
+         mean(TX, "algo=justrl", "initial_acc@T0.7"), num(min(t07_means), 3), num(max(t07_means), 3),
+         paired(TX, "algo=lopti", "final_acc@T0.7"), paired(TX, "algo=stapo", "final_acc@T0.7")),
+        (R, "(STAPO minus JustRL {} here, {} on the AMD EPYC)", paired(TX, "algo=stapo", "final_acc"),
+         paired(TB, "algo=stapo", "final_acc")),
+        (M, "20-Entropy's held-out accuracy lower ({}, {} seeds); JustRL's entropy runs away by the tail in {} runs on "
+            "that build", paired(TX, "algo=entropy20", "final_acc"), lower_in(TX, "algo=entropy20", "final_acc"),
+         counted(events["algo=justrl"], "tail")),
+        (M, "TACO's held-out accuracy is above JustRL's in {} of the 10 seeds of the two builds and equal in the tenth "
+            "({} there)", higher, paired(TX, "algo=taco", "final_acc")),
+    ]
+
+
 QUOTES = [
     # README.md's summary of the recorded comparisons
     (M, "held-out {}-{} at step 60 across the eight algorithms; {}-{} after 256 steps",
@@ -607,6 +715,7 @@ QUOTES = [
     *TL_QUOTES,
     *_lx_quotes(),
     *_lx_bullets(),
+    *_tx_quotes(),
 ]
 # every seed's paired difference has the sign the reading says ("lower in each seed")
 LOWER_IN_EACH_SEED = [
@@ -615,6 +724,9 @@ LOWER_IN_EACH_SEED = [
     (TB, "algo=entropy20", "late_reward"),
     (TL, "algo=stapo", "entropy_peak"),
     (TL, "algo=grpo", "final_acc"),
+    *[(TX, "algo=stapo", q) for q in ("tail_mass", "tail_mass_late", "norm_share", "entropy_last")],
+    *[(TX, name, "tail_mass") for name in ("algo=taco", "algo=lopti")],
+    (TX, "algo=entropy20", "final_acc"),
 ]
 
 
@@ -674,8 +786,8 @@ ARCHIVED_SETS = {
                                   "seeds 1-3, made session by session on the 2-core Intel Xeon kind",
                                   "checkout of 61b6e2f", 500),
     "tailbed-decodings-xeon": ([f"{algo} seed {seed}" for algo in (NAMES[cell] for cell in sorted(NAMES))
-                                for seed in (1, 2, 3, 4)],
-                               "Finished so far: all six, seeds 1-4.",
+                                for seed in (1, 2, 3, 4, 5)],
+                               "`runs/` keeps every one",
                                "checkout of 1cebbee", 100),
 }
 
