@@ -576,6 +576,31 @@ def test_the_make_demo_on_the_xeon_table_is_recomputed_from_its_files():
     first, last = (statistics.mean(train[s] for s in range(a, a + 10)) for a in (1, 91))
     assert (f"rose from {held_out[0]:.3f} before training to {held_out[100]:.3f} at step 100, the training accuracy "
             f"(mean of steps 1-10, then 91-100) from {first:.2f} to {last:.2f}") in flat
+
+
+def test_the_last_make_demo_on_the_xeon_is_recomputed_from_its_files_and_trained_as_the_tenth_sections_run():
+    """BENCHMARKS.md, "(fifteenth)": the demo's table, shares and ratios from its three files; its held-out accuracy
+    at every validation and its training accuracy at every step are the tenth section's run's (the same run, bit for
+    bit, across the changes between them); README.md quotes its time."""
+    folder = REPO / "benchmarks" / "testbed_runs"
+    run = json.loads((folder / "2026-11-28-make-demo-xeon-final.json").read_text())["make-demo"]
+    work = json.loads((folder / "2026-11-28-make-demo-xeon-final-model-work.json").read_text())
+    demo = json.loads((folder / "2026-11-28-make-demo-xeon-final-summary.json").read_text())
+    tenth = json.loads((folder / "2026-11-28-make-demo-xeon.json").read_text())["make-demo"]
+    tenth_demo = json.loads((folder / "2026-11-28-make-demo-xeon-summary.json").read_text())
+    found, step_sum, testing, flat = assert_demo_table(run, work, validations=5)
+    flat = flat.replace(" %", "%")
+    earlier = summary(tenth)
+    assert (f"`make demo` took {found['wall_s'] / 60:.1f} min ({earlier['wall_s'] / 60:.1f} min in the tenth section, "
+            "on this kind)") in flat
+    assert (f"the 100 steps are {step_sum / found['wall_s']:.0%} of it, the five validations "
+            f"{sum(testing) / found['wall_s']:.0%}, start-up, the validation before training, plots and shut-down the "
+            f"rest ({found['outside_steps_s']:.1f} s)") in flat
+    held_out = {int(s): v["held_out_acc"] for s, v in run["steps"].items() if v["held_out_acc"] is not None}
+    assert held_out == {int(s): v["held_out_acc"] for s, v in tenth["steps"].items() if v["held_out_acc"] is not None}
+    assert sorted(held_out) == [0, 20, 40, 60, 80, 100] and len(demo["train_acc"]) == 100
+    assert demo["train_acc"] == tenth_demo["train_acc"]
+    assert f"({held_out[0]:.3f} before training, {held_out[100]:.3f} at step 100)" in flat
     readme = " ".join((REPO / "README.md").read_text().split())
     assert (f"same command took {found['wall_s'] / 60:.1f} min, {found['median_s']['step']:.1f} s a step (median); its "
             f"held-out accuracy, {held_out[0]:.3f} -> {held_out[100]:.3f}, is that machine's build") in readme
