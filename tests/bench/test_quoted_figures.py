@@ -537,8 +537,8 @@ def _tx_quotes() -> list[tuple]:
         (R, "(the mean entropy at step 100, seed by seed: {})", ", ".join(deltas(TX, "algo=stapo", "entropy_last", 4))),
         (R, "Held-out accuracy is not told apart: {} (per seed {})", paired(TX, "algo=stapo", "final_acc"),
          ", ".join(deltas(TX, "algo=stapo", "final_acc"))),
-        (R, "Its filler mass a position over the run is {} against JustRL, its largest single-position entropy {}, each "
-            "lower in {} seeds, and its held-out accuracy at step 100 {} (per seed {})",
+        (R, "Its filler mass a position over the run is {} against JustRL, its largest single-position entropy {}, "
+            "each lower in {} seeds, and its held-out accuracy at step 100 {} (per seed {})",
          paired(TX, "algo=taco", "tail_mass", 6), paired(TX, "algo=taco", "entropy_max_peak"),
          lower_in(TX, "algo=taco", "tail_mass"), paired(TX, "algo=taco", "final_acc"),
          ", ".join(deltas(TX, "algo=taco", "final_acc"))),

@@ -606,6 +606,38 @@ def test_the_last_make_demo_on_the_xeon_is_recomputed_from_its_files_and_trained
             f"held-out accuracy, {held_out[0]:.3f} -> {held_out[100]:.3f}, is that machine's build") in readme
 
 
+
+def test_the_one_seed_make_compare_is_what_benchmarks_md_quotes_and_extrapolates():
+    """BENCHMARKS.md, "(fifteenth)": the one-seed `make compare`'s wall time, each sweep's span and the runs' range from
+    the runs' records, and the whole comparison extrapolated from them (the first sweep 5 times, the second 3 times, as
+    the Makefile's default seeds); every run finished, on one kind of machine."""
+    record = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-28-make-compare-one-seed.json").read_text())
+    runs = record["runs"]
+    assert record["rc"] == 0 and all(run["returncode"] == 0 for run in runs) and len({r["machine"] for r in runs}) == 1
+    assert sorted(r["cell"] for r in runs) == sorted(record["first_sweep"] + record["second_sweep"])
+    makefile = (REPO / "Makefile").read_text()
+    assert "COMPARE_SEEDS ?= 1,2,3,4,5" in makefile and "COMPARE_MORE_SEEDS ?= 1,2,3" in makefile
+    for cells in (record["first_sweep"], record["second_sweep"]):
+        assert f"--grid algo={','.join(cell.split('=')[1] for cell in cells)}" in makefile
+
+    def span(cells: list[str]) -> float:
+        mine = [run for run in runs if run["cell"] in cells]
+        return max(run["finished_at"] for run in mine) - min(run["started_at"] for run in mine)
+
+    first, second = span(record["first_sweep"]), span(record["second_sweep"])
+    seconds = sorted(run["seconds"] for run in runs)
+    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    for label, value in (("command to exit", f"{record['wall_s']:,.1f}"),
+                         ("first sweep (JustRL, STAPO, GRPO, 20-Entropy): first start to last end", f"{first:.1f}"),
+                         ("second sweep (DAPO, Dr. GRPO, GSPO, CISPO): first start to last end", f"{second:.1f}"),
+                         ("a run (two at a time), shortest to longest", f"{seconds[0]:.1f}-{seconds[-1]:.1f}")):
+        assert f"| {label} | {value} |" in flat, label
+    whole = 5 * first + 3 * second
+    assert (f"about 5 x {first:.1f} + 3 x {second:.1f} = {whole:,.0f} s, {whole / 60:.1f} min, against the issue's "
+            "goal of 1 hour: not met") in flat
+    assert f"takes {seconds[0] / 60:.1f}-{seconds[-1] / 60:.1f} min" in flat
+    assert f"(about {whole / 3600:.1f} h, above)" in flat
+
 GROUP_PUTS = ("grouped-1", "persample-1", "persample-2", "grouped-2")
 
 
