@@ -791,7 +791,11 @@ ARCHIVED_SETS = {
                                 for seed in (1, 2, 3, 4, 5)],
                                "`runs/` keeps every one",
                                "checkout of 1cebbee", 100),
-    "tailbed-threshold-ablation-xeon": ([], "Finished so far: none.", "checkout of 0f9e5eb", 100),
+    "tailbed-threshold-ablation-xeon": ([f"tau_p={tau_p},entropy_quantile={q} seed {seed}"
+                                        for tau_p in ("0.002", "0.02") for q in ("0.5", "1.0") for seed in (1, 2, 3)
+                                        if tau_p == "0.002" or seed < 3],
+                                       "Finished so far: seeds 1 and 2 of the four cells, and seed 3 of the two tau_p "
+                                       "0.002 cells.", "checkout of 0f9e5eb", 100),
 }
 
 
