@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from stapo.runs.events import fisher_two_sided
+
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 R = "results/README.md"
@@ -198,10 +200,25 @@ def fisher_one_sided(hit_a: int, n_a: int, hit_b: int, n_b: int) -> float:
     return sum(comb(n_a, k) * comb(n_b, hits - k) for k in range(hit_a, min(hits, n_a) + 1)) / comb(total, hits)
 
 
+def over_step_1(folder: str, name: str, seed: int, key: str) -> float:
+    """A run's largest logged ``key`` of a step over its step-1 value."""
+    found = run_of(folder, name, seed)["series"][key]
+    return max(found.values()) / found["1"]
+
+
 def tail_ratio(folder: str, name: str, seed: int) -> float:
     """A run's largest filler mass a position over its step-1 value."""
-    tail = run_of(folder, name, seed)["series"]["tail_mass"]
-    return max(tail.values()) / tail["1"]
+    return over_step_1(folder, name, seed, "tail_mass")
+
+
+def recorded_events(folder: str, groups) -> dict[str, dict[int, dict[str, list[int]]]]:
+    """Each group's ``entropy_events``, asserting the file's own event counts are the test's."""
+    events = {name: entropy_events(folder, name) for name in groups}
+    for name in groups:
+        recorded = group(folder, name)["events"]
+        for kind, mine in (("explosion", "explosion"), ("tail_driven", "tail"), ("collapse", "collapse")):
+            assert recorded[kind]["runs"] == runs_with(events[name], mine)
+    return events
 
 
 def and_list(items: list) -> str:
@@ -321,14 +338,9 @@ def first_collapses(folder: str, name: str) -> list[int]:
 
 
 def _lx_quotes() -> list[tuple]:
-    events = {name: entropy_events(LX, name) for name in LX_GROUPS}
+    events = recorded_events(LX, LX_GROUPS)
     runs = [run for name in LX_GROUPS for run in group(LX, name)["runs"]]
     assert len(runs) == 9 and all(run["last_step"] == 500 for run in runs)
-    # the file's own event counts are the test's
-    for name in LX_GROUPS:
-        recorded = group(LX, name)["events"]
-        for kind, mine in (("explosion", "explosion"), ("tail_driven", "tail"), ("collapse", "collapse")):
-            assert recorded[kind]["runs"] == runs_with(events[name], mine)
     exploded = run_of(LX, "algo=justrl", 3)
     calm_ratio = max(run["entropy_peak"] / run["entropy_first"] for run in runs if run is not exploded)
     rising = sum(run["series"]["held_out_acc"]["500"] > run["series"]["held_out_acc"]["150"] for run in runs)
@@ -466,26 +478,11 @@ TX = "tailbed-decodings-xeon"
 T07_STEP_100 = ("held-out acc at T=0.7 / top-p=0.9, step 100", "final_acc@T0.7", 3)
 
 
-def peak_ratio(folder: str, name: str, seed: int) -> float:
-    """A run's largest mean entropy of a step over its step-1 value."""
-    entropy = run_of(folder, name, seed)["series"]["entropy"]
-    return max(entropy.values()) / entropy["1"]
-
-
 def largest_of(folder: str, name: str, seed: int, key: str, digits: int = 4) -> tuple[str, str]:
     """(value, step) of a run's largest logged ``key``."""
     found = run_of(folder, name, seed)["series"][key]
     step = max(found, key=found.get)
     return num(found[step], digits), step
-
-
-def fisher_two_sided_by_tables(hit_a: int, n_a: int, hit_b: int, n_b: int) -> float:
-    """Fisher's exact test, two-sided: the chance of every split of the runs with an event between the groups that
-    is no likelier than the one seen (comparison.md's p, recomputed from the tables)."""
-    hits = hit_a + hit_b
-    chance = {k: comb(n_a, k) * comb(n_b, hits - k) / comb(n_a + n_b, hits) for k in range(max(0, hits - n_b),
-                                                                                              min(hits, n_a) + 1)}
-    return sum(p for p in chance.values() if p <= chance[hit_a] * (1 + 1e-9))
 
 
 def sign_test_two_sided(higher: int, lower: int) -> float:
@@ -495,11 +492,7 @@ def sign_test_two_sided(higher: int, lower: int) -> float:
 
 
 def _tx_quotes() -> list[tuple]:
-    events = {name: entropy_events(TX, name) for name in TB_GROUPS}
-    for name in TB_GROUPS:  # the file's own event counts are the test's
-        recorded = group(TX, name)["events"]
-        for kind, mine in (("explosion", "explosion"), ("tail_driven", "tail"), ("collapse", "collapse")):
-            assert recorded[kind]["runs"] == runs_with(events[name], mine)
+    events = recorded_events(TX, TB_GROUPS)
     assert [s for s, e in events["algo=justrl"].items() if e["tail"]] == [4, 5]
     assert [s for s, e in events["algo=taco"].items() if e["collapse"]] == [3, 5]
     taco_both = seed_deltas(TB, "algo=taco", "final_acc") + seed_deltas(TX, "algo=taco", "final_acc")
@@ -524,9 +517,9 @@ def _tx_quotes() -> list[tuple]:
          *largest_of(TX, "algo=entropy20", 4, "entropy"), num(tail_ratio(TX, "algo=entropy20", 4), 1),
          *largest_of(TX, "algo=lopti", 3, "entropy"), num(tail_ratio(TX, "algo=lopti", 3), 1)),
         (R, "STAPO's largest mean entropy of any run was {}x its step-1 value (seed 4), TACO's {}x",
-         num(peak_ratio(TX, "algo=stapo", 4), 2),
-         num(max(peak_ratio(TX, "algo=taco", r["seed"]) for r in group(TX, "algo=taco")["runs"]), 2)),
-        (R, "(p = {}); it is the direction", num(fisher_two_sided_by_tables(
+         num(over_step_1(TX, "algo=stapo", 4, "entropy"), 2),
+         num(max(over_step_1(TX, "algo=taco", r["seed"], "entropy") for r in group(TX, "algo=taco")["runs"]), 2)),
+        (R, "(p = {}); it is the direction", num(fisher_two_sided(
             runs_with(events["algo=justrl"], "explosion"), 5, runs_with(events["algo=stapo"], "explosion"), 5), 3)),
         (R, "STAPO's filler mass a position is lower in each seed over the run ({}) and over the last 10 steps ({}), "
             "the S2T tokens' share of the exact gradient norm lower in each seed ({}), the mean entropy at step 100 "
@@ -554,7 +547,7 @@ def _tx_quotes() -> list[tuple]:
          lower_in(TX, "algo=lopti", "tail_mass"), paired(TX, "algo=lopti", "tail_mass", 6),
          higher_in(TB, "algo=lopti", "tail_mass")),
         (R, "its own runs peaked at {}x and {}x their step-1 entropy (seeds 3 and 5). Held-out {}",
-         num(peak_ratio(TX, "algo=lopti", 3), 2), num(peak_ratio(TX, "algo=lopti", 5), 2),
+         num(over_step_1(TX, "algo=lopti", 3, "entropy"), 2), num(over_step_1(TX, "algo=lopti", 5, "entropy"), 2),
          paired(TX, "algo=lopti", "final_acc")),
         (R, "{} held-out at step 0, {}-{} at step 100; the largest difference from JustRL is Lopti's {} (STAPO {})",
          mean(TX, "algo=justrl", "initial_acc@T0.7"), num(min(t07_means), 3), num(max(t07_means), 3),

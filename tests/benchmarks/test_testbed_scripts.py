@@ -606,7 +606,6 @@ def test_the_last_make_demo_on_the_xeon_is_recomputed_from_its_files_and_trained
             f"held-out accuracy, {held_out[0]:.3f} -> {held_out[100]:.3f}, is that machine's build") in readme
 
 
-
 def test_the_one_seed_make_compare_is_what_benchmarks_md_quotes_and_extrapolates():
     """BENCHMARKS.md, "(fifteenth)": the one-seed `make compare`'s wall time, each sweep's span and the runs' range from
     the runs' records, and the whole comparison extrapolated from them (the first sweep 5 times, the second 3 times, as
@@ -637,6 +636,7 @@ def test_the_one_seed_make_compare_is_what_benchmarks_md_quotes_and_extrapolates
             "goal of 1 hour: not met") in flat
     assert f"takes {seconds[0] / 60:.1f}-{seconds[-1] / 60:.1f} min" in flat
     assert f"(about {whole / 3600:.1f} h, above)" in flat
+
 
 GROUP_PUTS = ("grouped-1", "persample-1", "persample-2", "grouped-2")
 
