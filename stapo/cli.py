@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("stapo.demo.cli", "train a real small model with STAPO on CPU, with progress and plots"),
     "plot": ("stapo.runs.plot", "draw reward / entropy / mask-ratio plots from run folders, grouped with seed bands"),
     "sweep": ("stapo.sweep.cli", "run a grid of overrides x seeds, one run folder each, and compare them"),
+    "compare": ("stapo.runs.compare_cli", "the comparison a sweep writes, over any run folders (e.g. from two sets)"),
     "data": ("stapo.data.cli", "prepare DAPO-Math-17k and the six benchmarks in verl's parquet format"),
     "eval": ("stapo.eval.cli", "avg@N evaluation of a checkpoint on the paper's benchmarks"),
     "export": ("stapo.export", "a saved checkpoint step as a Hugging Face model folder with a model card"),

@@ -21,8 +21,10 @@ came first, which samples were drawn), so the paired standard error is the one t
 difference is there; the unpaired ones of the first table overstate the uncertainty of a difference.
 
 The per-run values: ``stapo.runs.summary``; the markdown: ``stapo.runs.tables``; the entropy events counted per
-group: ``stapo.runs.events``; the logged threshold grid of the groups that train with the S2T mask:
-``stapo.runs.threshold_table``. Pure Python on the run folders' metrics (no verl, no torch).
+group: ``stapo.runs.events``; the settings each group differs from the baseline in (its runs' config.yaml), and a
+warning for a group whose runs differ among themselves: ``stapo.runs.settings``; the logged threshold grid of the
+groups that train with the S2T mask: ``stapo.runs.threshold_table``. Pure Python on the run folders' metrics and
+configs (no verl, no torch).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from stapo.runs.events import RULE, events_table, group_events
 from stapo.runs.folder import RunData
+from stapo.runs.settings import differences, mixed_warning, read_settings, settings_markdown
 from stapo.runs.stats import mean_se
 from stapo.runs.summary import (
     DECODING_ACC,
@@ -243,6 +246,10 @@ def build_comparison(
         "events_rule": RULE,
         "groups": summary,
     }
+    found = settings_differences(selection.groups, summary[0]["group"] if baseline is None else baseline)
+    document["settings"] = found
+    if (mixed := mixed_warning(found)) is not None:
+        document["warnings"] = [*document.get("warnings", []), mixed]
     warnings = "".join(f"**Warning**: {warning}\n\n" for warning in document.get("warnings", []))
     text = warnings + step_line(document) + markdown_table(summary) + tail_table(summary) + decoding_table(summary)
     if paired and len(summary) > 1:
@@ -252,6 +259,7 @@ def build_comparison(
         text += paired_tail_table(document["paired"]["groups"], baseline)
         text += paired_decoding_table(document["paired"]["groups"], baseline)
     text += events_table(summary, document.get("paired", {}).get("baseline"))
+    text += settings_markdown(found)
     if grid is not None:
         text += grid_tables(summary, *grid)
     # the threshold grid of the groups that train with the S2T mask (the others log it too: the same
@@ -262,6 +270,13 @@ def build_comparison(
             group["threshold_grid"], table = found
             text += table
     return document, text
+
+
+def settings_differences(groups: dict[str, list[RunData]], baseline: str) -> dict:
+    """What the compared groups differ in (stapo.runs.settings), from the compared runs' config.yaml."""
+    configs = {name: [found for run in runs if (found := read_settings(run.path)) is not None]
+               for name, runs in groups.items()}
+    return differences(configs, baseline)
 
 
 def write_comparison(

@@ -172,6 +172,9 @@ def compare(
     if axes is not None and len(axes) == 2 and group_by is None:
         grid = tuple((axis_label(axis.key, axes), list(axis.values)) for axis in axes)
     document = write_comparison(groups, out_dir, meta, baseline, grid=grid, at_shared_step=at_shared_step)
+    for warning in document.get("warnings", []):
+        if warning != mixed:
+            print(f"[sweep] warning: {warning}", flush=True)
     for run in document["unfinished"]:
         print(
             f"[sweep] warning: {run['group']} seed {run['seed']} stopped at step {run['last_step']}, short of step "

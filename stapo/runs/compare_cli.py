@@ -1,0 +1,93 @@
+"""`stapo compare`: the comparison a sweep writes, over any run folders, from one set or several.
+
+    stapo compare results/ablation/runs results/centre/runs/algo-stapo results/centre/runs/algo-justrl \\
+        --baseline algo=stapo --out results/ablation/against-centre
+
+An ablation's cells set beside another set's runs of its centre and its floor, or the archived runs of two
+sweeps made months apart: each path is a run folder (``stapo.run_dir``) or a folder holding run folders at any
+depth (a sweep's ``--out``, an archive's ``runs/``). Runs are grouped as a sweep groups them (the cell in
+``sweep_run.json``, else ``--group-by``'s config key, else the folder's name) and paired by seed with
+``--baseline``; ``OUT/comparison.md`` and ``.json`` are the same tables as ``stapo sweep``'s (stapo/runs/compare.py),
+with what each group's settings differ in from the baseline's and a warning when the runs were made on more
+than one kind of machine (runs of one seed then do not pair bit for bit). Plots: ``stapo plot`` on the same
+folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from stapo.rundir import metric_segments
+from stapo.runs.compare import ComparisonError, add_step_option, write_comparison
+from stapo.runs.folder import group_runs, load_run
+from stapo.runs.machine import mixed_machines
+from stapo.wandb_offline import wandb_files
+
+SKIPPED = {"checkpoints", "plots", "wandb"}  # what a run folder holds besides its metrics
+
+
+def is_run_folder(path: Path) -> bool:
+    return path.is_dir() and bool(metric_segments(path) or wandb_files(path))
+
+
+def find_runs(path: Path) -> list[Path]:
+    """``path`` itself when it is a run folder, else every run folder under it (not inside another run's)."""
+    if is_run_folder(path):
+        return [path]
+    if not path.is_dir():
+        return []
+    found = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and child.name not in SKIPPED:
+            found += find_runs(child)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stapo compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path, help="run folders, or folders holding run folders")
+    parser.add_argument("--out", type=Path, required=True, help="where comparison.md and comparison.json go")
+    parser.add_argument("--baseline", metavar="GROUP",
+                        help="the group the paired differences are taken against, as named in the table (default: "
+                        "the first group found)")
+    parser.add_argument("--group-by", metavar="CONFIG_KEY", help="group runs by this config key instead of the cell")
+    add_step_option(parser)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run_dirs = []
+    for path in args.paths:
+        if not path.exists():
+            parser.error(f"{path}: does not exist")
+        found = find_runs(path)
+        if not found:
+            parser.error(f"{path}: no run folder (one holding metrics.jsonl or a wandb offline run) in it")
+        run_dirs += [run for run in found if run not in run_dirs]
+    runs = [load_run(path, args.group_by) for path in run_dirs]
+    groups = group_runs(runs)
+    if args.baseline is not None and args.baseline not in groups:
+        parser.error(f"--baseline must be one of the groups the runs form {sorted(groups)}, got {args.baseline!r}")
+    meta = {"command": "stapo compare " + shlex.join(argv), "compared_runs": [str(path) for path in run_dirs]}
+    mixed = mixed_machines([run.record for run in runs])
+    if mixed:
+        print(f"[compare] warning: {mixed}", file=sys.stderr)
+        meta["warnings"] = [mixed]
+    try:
+        document = write_comparison(groups, args.out, meta, args.baseline, at_shared_step=args.at_shared_step)
+    except ComparisonError as error:
+        print(f"stapo compare: error: {error}", file=sys.stderr)
+        return 2
+    for warning in document.get("warnings", []):
+        if warning != mixed:
+            print(f"[compare] warning: {warning}", file=sys.stderr)
+    print(f"[compare] {len(runs)} runs in {len(groups)} groups; wrote {args.out / 'comparison.md'} and "
+          f"{args.out / 'comparison.json'}")
+    print((args.out / "comparison.md").read_text(encoding="utf-8"))
+    return 0
