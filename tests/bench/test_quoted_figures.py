@@ -785,8 +785,8 @@ ARCHIVED_SETS = {
                                "`runs/` keeps every one",
                                "checkout of 1cebbee", 100),
     "tailbed-threshold-ablation-xeon": ([f"tau_p={tau_p},entropy_quantile={q} seed {seed}"
-                                        for tau_p in ("0.002", "0.02") for q in ("0.5", "1.0") for seed in (1, 2, 3, 4)],
-                                       "Finished so far: seeds 1-4 of the four cells.", "checkout of 0f9e5eb", 100),
+                                        for tau_p in ("0.002", "0.02") for q in ("0.5", "1.0") for seed in (1, 2, 3, 4, 5)],
+                                       "`runs/` keeps every one", "checkout of 0f9e5eb", 100),
 }
 
 
