@@ -562,6 +562,118 @@ def _tx_quotes() -> list[tuple]:
     ]
 
 
+
+# the tau_p x q ablation, set beside the decodings set's STAPO (its centre) and JustRL (its floor) by `stapo compare`
+TAX = "tailbed-threshold-ablation-xeon"
+TA_VS_STAPO, TA_VS_JUSTRL = f"{TAX}/against-stapo", f"{TAX}/against-justrl"
+TA_CELLS = tuple(f"tau_p={tau_p},entropy_quantile={q}" for tau_p in ("0.002", "0.02") for q in ("0.5", "1.0"))
+TA_ROWS = [
+    ("held-out acc, step 100", "final_acc", 3),
+    T07_STEP_100,
+    ("filler mass a position, mean over steps", "tail_mass", 6),
+    ("filler mass a position, last 10 steps", "tail_mass_late", 6),
+    ("S2T tokens' share of the exact grad norm", "norm_share", 4),
+    ("largest mean entropy of a step", "entropy_peak", 4),
+]
+TA_MASK = ("mask ratio (% of response tokens)", "mask_ratio", 4)
+
+
+def paired_percent(folder: str, name: str, base: str, quantity: str, digits: int) -> str:
+    """``mean ± se`` of the group minus ``base`` seed by seed, in % (the mask ratio is a share of the tokens)."""
+    others = {run["seed"]: run[quantity] for run in group(folder, base)["runs"]}
+    found = [100 * (run[quantity] - others[run["seed"]]) for run in group(folder, name)["runs"]]
+    mean_ = sum(found) / len(found)
+    se = (sum((d - mean_) ** 2 for d in found) / (len(found) - 1) / len(found)) ** 0.5
+    return f"{num(mean_, digits, True)} ± {se:.{digits}f}"
+
+
+def _ta_quotes() -> list[tuple]:
+    groups = (*TA_CELLS, "algo=stapo", "algo=justrl")
+    events = recorded_events(TA_VS_STAPO, groups)
+    cell = " {} |"
+    title, quantity, digits = TA_MASK
+    mask = [f"{num(100 * group(TA_VS_STAPO, g)['stats'][quantity]['mean'], digits)} ± "
+            f"{100 * group(TA_VS_STAPO, g)['stats'][quantity]['se']:.{digits}f}" for g in groups[:-1]]
+    return [
+        *[(R, f"| {row} |" + cell * len(groups), *[stat(TA_VS_STAPO, g, quantity, digits) for g in groups])
+          for row, quantity, digits in TA_ROWS],
+        (R, f"| {title} |" + cell * len(groups), *mask, "-"),
+        *[(R, f"| runs with {row} |" + cell * len(groups), *[counted(events[g], kind) for g in groups])
+          for row, kind in EVENT_ROWS],
+        *[(R, f"| {row} |" + cell * len(TA_CELLS), *[paired(TA_VS_STAPO, g, quantity, digits) for g in TA_CELLS])
+          for row, quantity, digits in TA_ROWS],
+        (R, f"| {title} |" + cell * len(TA_CELLS),
+         *[paired_percent(TA_VS_STAPO, g, "algo=stapo", quantity, digits) for g in TA_CELLS]),
+        *[(R, f"| {row} |" + cell * len(TA_CELLS),
+           *[paired(TA_VS_JUSTRL, g, quantity, digits) for g in TA_CELLS]) for row, quantity, digits in TA_ROWS],
+        *_ta_reading(events),
+    ]
+
+
+def same_run_pairs() -> tuple[list[tuple[str, int]], int, list[int]]:
+    """The (q, seed) pairs whose two tau_p cells logged the same value at every step (step times aside), the number
+    of values a run keeps, and the first step where the other pairs part (their mean entropy)."""
+    same, parts, counts = [], [], set()
+    for q in ("0.5", "1.0"):
+        low, high = (group(TA_VS_STAPO, f"tau_p={tau_p},entropy_quantile={q}") for tau_p in ("0.002", "0.02"))
+        others = {run["seed"]: run["series"] for run in high["runs"]}
+        for run in low["runs"]:
+            kept = [(key, step, value) for key, values in run["series"].items() if key != "step_s"
+                    for step, value in values.items()]
+            counts.add(len(kept))
+            if all(others[run["seed"]][key].get(step) == value for key, step, value in kept):
+                same.append((q, run["seed"]))
+            else:
+                entropy, other = run["series"]["entropy"], others[run["seed"]]["entropy"]
+                parts.append(min(int(step) for step in entropy if entropy[step] != other.get(step)))
+    (count,) = counts
+    return same, count, parts
+
+
+def _ta_reading(events) -> list[tuple]:
+    low05, low10, high10 = TA_CELLS[0], TA_CELLS[1], TA_CELLS[3]
+    for name in (TA_CELLS[0], TA_CELLS[2]):  # both q 0.5 cells: one explosion, seed 4, not by the tail
+        assert {kind: [s for s, e in events[name].items() if e[kind]] for kind in ("explosion", "tail")} == \
+            {"explosion": [4], "tail": []}
+    assert [s for s, e in events["algo=justrl"].items() if e["tail"]] == [4, 5]
+    same, count, parts = same_run_pairs()
+    assert same == [("0.5", 2), ("0.5", 4), ("0.5", 5), ("1.0", 2)]
+    vs_centre = [paired_group(TA_VS_STAPO, g)["diff"]["final_acc"] for g in TA_CELLS]
+    vs_floor = [paired_group(TA_VS_JUSTRL, g)["diff"]["final_acc"]["mean"] for g in TA_CELLS]
+    assert all(higher_in(TA_VS_JUSTRL, g, "final_acc") in ("4 of 5", "5 of 5") for g in TA_CELLS)
+    t07 = [group(TA_VS_STAPO, g)["stats"]["final_acc@T0.7"]["mean"] for g in TA_CELLS]
+    last_starts = [json.loads(path.read_text(encoding="utf-8"))["segments_s"][-1] / 60
+                   for path in (RESULTS / TAX / "runs").glob("*/*/sweep_run.json")]
+    return [
+        (R, "20 runs of {}-{} min (the last start of each", *[str(round(f(last_starts))) for f in (min, max)]),
+        (R, "In {} of the 10 seed pairs (seeds 2, 4 and 5 at q 0.5, seed 2 at q 1.0) the two tau_p cells trained the "
+            "same run: all {:,} values a run keeps", str(len(same)), count),
+        (R, "the runs part at steps {}-{}", min(parts), max(parts)),
+        (R, "fewer tokens are silenced than in the centre ({} points, lower in {} seeds); the filler mass over the run "
+            "is higher than the centre's in {} seeds ({}) and the largest mean entropy of a step in {} ({})",
+         paired_percent(TA_VS_STAPO, low05, "algo=stapo", "mask_ratio", 4), lower_in(TA_VS_STAPO, low05, "mask_ratio"),
+         higher_in(TA_VS_STAPO, low05, "tail_mass"), paired(TA_VS_STAPO, low05, "tail_mass", 6),
+         higher_in(TA_VS_STAPO, low05, "entropy_peak"), paired(TA_VS_STAPO, low05, "entropy_peak", 4)),
+        (R, "lower than the centre's in {} seeds at tau_p 0.002 ({}) and {} at 0.02 ({}); its mask ratio is not higher "
+            "({})", lower_in(TA_VS_STAPO, low10, "tail_mass"), paired(TA_VS_STAPO, low10, "tail_mass", 6),
+         lower_in(TA_VS_STAPO, high10, "tail_mass"), paired(TA_VS_STAPO, high10, "tail_mass", 6),
+         paired_percent(TA_VS_STAPO, low10, "algo=stapo", "mask_ratio", 4)),
+        (R, "Against the centre {} to {} in the mean (standard errors {}-{})",
+         *[num(f(d["mean"] for d in vs_centre), 3, True) for f in (min, max)],
+         *[num(f(d["se"] for d in vs_centre), 3) for f in (min, max)]),
+        (R, "in 4 or 5 of 5 seeds ({} to {}), and so is STAPO's own cell ({}, {} seeds)",
+         *[num(f(vs_floor), 3, True) for f in (min, max)], paired(TA_VS_JUSTRL, "algo=stapo", "final_acc"),
+         higher_in(TA_VS_JUSTRL, "algo=stapo", "final_acc")),
+        (M, "tau_p is inert there (in {} of the 10 seed pairs the two values trained the same run, the strays sit far "
+            "below both), a lower q lets more of the tail through, and no cell's held-out accuracy differs from "
+            "STAPO's own ({} to {} in the mean)", str(len(same)),
+         *[num(f(d["mean"] for d in vs_centre), 3, True) for f in (min, max)]),
+        (R, "the ceiling ({}-{} at step 100; STAPO {}, JustRL {})", *[num(f(t07), 3) for f in (min, max)],
+         mean(TA_VS_STAPO, "algo=stapo", "final_acc@T0.7"), mean(TA_VS_STAPO, "algo=justrl", "final_acc@T0.7")),
+    ]
+
+
+
 QUOTES = [
     # README.md's summary of the recorded comparisons
     (M, "held-out {}-{} at step 60 across the eight algorithms; {}-{} after 256 steps",
@@ -709,6 +821,7 @@ QUOTES = [
     *_lx_quotes(),
     *_lx_bullets(),
     *_tx_quotes(),
+    *_ta_quotes(),
     (R, "(the testbed's ablation below could not separate its cells: the mask silenced {}-{} % of the tokens there)",
      *[num(f(100 * g["stats"]["mask_ratio"]["mean"] for g in load(TA)["groups"]), 3) for f in (min, max)]),
 ]
@@ -722,6 +835,8 @@ LOWER_IN_EACH_SEED = [
     *[(TX, "algo=stapo", q) for q in ("tail_mass", "tail_mass_late", "norm_share", "entropy_last")],
     *[(TX, name, "tail_mass") for name in ("algo=taco", "algo=lopti")],
     (TX, "algo=entropy20", "final_acc"),
+    *[(TA_VS_JUSTRL, name, q) for name in TA_CELLS
+      for q in ("tail_mass", "tail_mass_late", "norm_share", "entropy_peak")],
 ]
 
 
@@ -785,7 +900,8 @@ ARCHIVED_SETS = {
                                "`runs/` keeps every one",
                                "checkout of 1cebbee", 100),
     "tailbed-threshold-ablation-xeon": ([f"tau_p={tau_p},entropy_quantile={q} seed {seed}"
-                                        for tau_p in ("0.002", "0.02") for q in ("0.5", "1.0") for seed in (1, 2, 3, 4, 5)],
+                                        for tau_p in ("0.002", "0.02") for q in ("0.5", "1.0")
+                                        for seed in (1, 2, 3, 4, 5)],
                                        "`runs/` keeps every one", "checkout of 0f9e5eb", 100),
 }
 
@@ -900,3 +1016,27 @@ def test_the_xeon_decodings_runs_trained_what_the_xeon_long_horizon_trained_in_i
     if run in quoted:
         assert quoted[run] in " ".join((RESULTS / "tailbed-decodings-xeon" / "COMMAND").read_text().replace("#", " ")
                                        .split())
+
+
+@pytest.mark.parametrize("folder, baseline", [(TA_VS_STAPO, "algo=stapo"), (TA_VS_JUSTRL, "algo=justrl")])
+def test_the_ablations_comparisons_with_its_centre_and_floor_are_what_stapo_compare_writes_from_the_archives(
+        folder, baseline, tmp_path):
+    """results/tailbed-threshold-ablation-xeon/against-*: `stapo compare` over the archived runs of the ablation and
+    of the decodings set's STAPO and JustRL (the command its COMMAND shows), written again here: the same numbers,
+    and the only settings that differ from the baseline are the ablated ones (and the token mask, for JustRL)."""
+    from stapo.runs.compare_cli import main
+
+    decodings = RESULTS / "tailbed-decodings-xeon" / "runs"
+    argv = [str(RESULTS / TAX / "runs"), str(decodings / "algo-stapo"), str(decodings / "algo-justrl"),
+            "--baseline", baseline, "--out", str(tmp_path)]
+    assert main(argv) == 0
+    again = json.loads((tmp_path / "comparison.json").read_text(encoding="utf-8"))
+    kept = load(folder)
+    assert len(again["compared_runs"]) == 30 and not again.get("warnings")
+    for key in ("compared_at", "held_out_at", "paired", "settings"):
+        assert again[key] == kept[key], key
+    assert [(g["group"], g["seeds"], g["stats"]) for g in again["groups"]] == \
+        [(g["group"], g["seeds"], g["stats"]) for g in kept["groups"]]
+    ablated = {"actor_rollout_ref.actor.policy_loss.tau_p", "actor_rollout_ref.actor.policy_loss.entropy_quantile",
+               "actor_rollout_ref.actor.policy_loss.token_mask"}
+    assert set().union(*again["settings"]["differ"].values()) <= ablated
