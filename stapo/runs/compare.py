@@ -259,7 +259,7 @@ def build_comparison(
         text += paired_tail_table(document["paired"]["groups"], baseline)
         text += paired_decoding_table(document["paired"]["groups"], baseline)
     text += events_table(summary, document.get("paired", {}).get("baseline"))
-    text += settings_markdown(found)
+    text += settings_markdown(found, len(summary))
     if grid is not None:
         text += grid_tables(summary, *grid)
     # the threshold grid of the groups that train with the S2T mask (the others log it too: the same

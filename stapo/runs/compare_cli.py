@@ -70,6 +70,10 @@ def main(argv: list[str]) -> int:
         if not found:
             parser.error(f"{path}: no run folder (one holding metrics.jsonl or a wandb offline run) in it")
         run_dirs += [run for run in found if run not in run_dirs]
+    if args.group_by:
+        from stapo.runs.plot import check_group_by
+
+        check_group_by(parser, run_dirs, args.group_by)
     runs = [load_run(path, args.group_by) for path in run_dirs]
     groups = group_runs(runs)
     if args.baseline is not None and args.baseline not in groups:

@@ -211,7 +211,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     return written
 
 
-def _check_group_by(parser: argparse.ArgumentParser, run_dirs: list[Path], key: str) -> None:
+def check_group_by(parser: argparse.ArgumentParser, run_dirs: list[Path], key: str) -> None:
     """``--group-by`` names a key of the runs' config.yaml; a misspelt one would put every run in its own group."""
     from omegaconf import OmegaConf
 
@@ -245,7 +245,7 @@ def main(argv: list[str]) -> int:
         if path.is_file() and path.suffix != ".wandb":
             parser.error(f"{path}: is a file; give its run folder (stapo.run_dir, which holds metrics.jsonl)")
     if args.group_by:
-        _check_group_by(parser, args.run_dirs, args.group_by)
+        check_group_by(parser, args.run_dirs, args.group_by)
     out = args.out or (args.run_dirs[0] if args.run_dirs[0].is_dir() else args.run_dirs[0].parent) / "plots"
     try:
         empty = [str(path) for path in args.run_dirs if not read_run_metrics(path)]

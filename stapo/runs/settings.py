@@ -89,11 +89,13 @@ def differences(groups: dict[str, list[dict[str, object]]], baseline: str) -> di
     return {"against": baseline, "differ": differ, "mixed": mixed}
 
 
-def settings_markdown(found: dict) -> str:
-    """The table comparison.md carries: one row per (group, differing key)."""
+def settings_markdown(found: dict, groups: int) -> str:
+    """The table comparison.md carries: one row per (group, differing key); nothing for a comparison of one group."""
+    if groups < 2:
+        return ""
     lines = [f"\n## Settings that differ from {found['against']} (config.yaml; seeds and run folders left out)\n"]
     if not found["differ"]:
-        lines.append("\nNo group has a config.yaml to set beside the baseline's.\n")
+        lines.append("\nThe baseline or every other group has no config.yaml: nothing to set side by side.\n")
         return "".join(lines)
     lines.append(f"\n| group | setting | {found['against']} | group |\n|---|---|---|---|\n")
     for name, keys in found["differ"].items():

@@ -138,3 +138,20 @@ def test_read_settings_leaves_out_seeds_and_what_is_derived_from_the_run_folder(
                                       "actor_rollout_ref.actor.loss_agg_mode": "token-mean",
                                       "actor_rollout_ref.actor.policy_loss.tau_p": 0.002}
     assert read_settings(tmp_path) is None
+
+
+def test_group_by_a_key_no_config_has_is_refused_and_one_group_gets_no_settings_table(tmp_path, capsys):
+    two_sets(tmp_path, np.random.default_rng())
+    with pytest.raises(SystemExit) as stop:
+        stapo(["compare", str(tmp_path), "--group-by", "actor_rollout_ref.actor.policy_loss.tau_q",
+               "--out", str(tmp_path / "cmp")])
+    assert stop.value.code == 2
+    assert "--group-by actor_rollout_ref.actor.policy_loss.tau_q: no run's config.yaml has this key" in \
+        capsys.readouterr().err
+    # grouped by tau_p: the two centre groups (0.002) become one, the ablation (0.02) the other
+    assert stapo(["compare", str(tmp_path / "centre"), "--group-by", "actor_rollout_ref.actor.policy_loss.tau_p",
+                  "--out", str(tmp_path / "one")]) != 0  # two runs of each seed in one group: refused
+    assert "holds two runs of seed" in capsys.readouterr().err
+    assert stapo(["compare", str(tmp_path / "centre" / "runs" / "algo-stapo"), "--out", str(tmp_path / "one")]) == 0
+    table = (tmp_path / "one" / "comparison.md").read_text()
+    assert "Settings that differ" not in table and "Paired by seed" not in table
