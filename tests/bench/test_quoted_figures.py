@@ -70,10 +70,12 @@ def seed_deltas(folder: str, name: str, quantity: str) -> list[float]:
     return [run[quantity] - base[run["seed"]][quantity] for run in group(folder, name)["runs"]]
 
 
-def paired_vs(folder: str, name: str, base: str, quantity: str, digits: int = 3) -> str:
-    """``mean ± se`` of the group minus ``base`` seed by seed, for a pair the file's paired table does not hold."""
+def paired_vs(folder: str, name: str, base: str, quantity: str, digits: int = 3, scale: float = 1.0) -> str:
+    """``mean ± se`` of the group minus ``base`` seed by seed (times ``scale``: 100 for a share in %), for a pair the
+    file's paired table does not hold."""
     others = {run["seed"]: run[quantity] for run in group(folder, base)["runs"]}
-    found = [run[quantity] - others[run["seed"]] for run in group(folder, name)["runs"] if run["seed"] in others]
+    found = [scale * (run[quantity] - others[run["seed"]]) for run in group(folder, name)["runs"]
+             if run["seed"] in others]
     mean_ = sum(found) / len(found)
     se = (sum((d - mean_) ** 2 for d in found) / (len(found) - 1) / len(found)) ** 0.5
     return f"{num(mean_, digits, True)} ± {se:.{digits}f}"
@@ -578,15 +580,6 @@ TA_ROWS = [
 TA_MASK = ("mask ratio (% of response tokens)", "mask_ratio", 4)
 
 
-def paired_percent(folder: str, name: str, base: str, quantity: str, digits: int) -> str:
-    """``mean ± se`` of the group minus ``base`` seed by seed, in % (the mask ratio is a share of the tokens)."""
-    others = {run["seed"]: run[quantity] for run in group(folder, base)["runs"]}
-    found = [100 * (run[quantity] - others[run["seed"]]) for run in group(folder, name)["runs"]]
-    mean_ = sum(found) / len(found)
-    se = (sum((d - mean_) ** 2 for d in found) / (len(found) - 1) / len(found)) ** 0.5
-    return f"{num(mean_, digits, True)} ± {se:.{digits}f}"
-
-
 def _ta_quotes() -> list[tuple]:
     groups = (*TA_CELLS, "algo=stapo", "algo=justrl")
     events = recorded_events(TA_VS_STAPO, groups)
@@ -603,7 +596,7 @@ def _ta_quotes() -> list[tuple]:
         *[(R, f"| {row} |" + cell * len(TA_CELLS), *[paired(TA_VS_STAPO, g, quantity, digits) for g in TA_CELLS])
           for row, quantity, digits in TA_ROWS],
         (R, f"| {title} |" + cell * len(TA_CELLS),
-         *[paired_percent(TA_VS_STAPO, g, "algo=stapo", quantity, digits) for g in TA_CELLS]),
+         *[paired_vs(TA_VS_STAPO, g, "algo=stapo", quantity, digits, 100) for g in TA_CELLS]),
         *[(R, f"| {row} |" + cell * len(TA_CELLS),
            *[paired(TA_VS_JUSTRL, g, quantity, digits) for g in TA_CELLS]) for row, quantity, digits in TA_ROWS],
         *_ta_reading(events),
@@ -651,13 +644,13 @@ def _ta_reading(events) -> list[tuple]:
         (R, "the runs part at steps {}-{}", min(parts), max(parts)),
         (R, "fewer tokens are silenced than in the centre ({} points, lower in {} seeds); the filler mass over the run "
             "is higher than the centre's in {} seeds ({}) and the largest mean entropy of a step in {} ({})",
-         paired_percent(TA_VS_STAPO, low05, "algo=stapo", "mask_ratio", 4), lower_in(TA_VS_STAPO, low05, "mask_ratio"),
+         paired_vs(TA_VS_STAPO, low05, "algo=stapo", "mask_ratio", 4, 100), lower_in(TA_VS_STAPO, low05, "mask_ratio"),
          higher_in(TA_VS_STAPO, low05, "tail_mass"), paired(TA_VS_STAPO, low05, "tail_mass", 6),
          higher_in(TA_VS_STAPO, low05, "entropy_peak"), paired(TA_VS_STAPO, low05, "entropy_peak", 4)),
         (R, "lower than the centre's in {} seeds at tau_p 0.002 ({}) and {} at 0.02 ({}); its mask ratio is not higher "
             "({})", lower_in(TA_VS_STAPO, low10, "tail_mass"), paired(TA_VS_STAPO, low10, "tail_mass", 6),
          lower_in(TA_VS_STAPO, high10, "tail_mass"), paired(TA_VS_STAPO, high10, "tail_mass", 6),
-         paired_percent(TA_VS_STAPO, low10, "algo=stapo", "mask_ratio", 4)),
+         paired_vs(TA_VS_STAPO, low10, "algo=stapo", "mask_ratio", 4, 100)),
         (R, "Against the centre {} to {} in the mean (standard errors {}-{})",
          *[num(f(d["mean"] for d in vs_centre), 3, True) for f in (min, max)],
          *[num(f(d["se"] for d in vs_centre), 3) for f in (min, max)]),
