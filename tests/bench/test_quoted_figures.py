@@ -896,8 +896,9 @@ ARCHIVED_SETS = {
                                         for tau_p in ("0.002", "0.02") for q in ("0.5", "1.0")
                                         for seed in (1, 2, 3, 4, 5)],
                                        "`runs/` keeps every one", "checkout of 0f9e5eb", 100),
-    "tailbed-taco-confirm-xeon": ([f"{algo} seed {seed}" for algo in ("JustRL", "TACO") for seed in (6, 7, 8, 9)],
-                                  "Finished so far: seeds 6, 7, 8 and 9 of both.", "checkout of 64f12ad", 100),
+    "tailbed-taco-confirm-xeon": ([f"{algo} seed {seed}" for algo in ("JustRL", "TACO")
+                                   for seed in (10, 11, 12, 13, 6, 7, 8, 9)],
+                                  "All 16 runs finished on 2026-11-28;", "checkout of 64f12ad", 100),
 }
 
 
