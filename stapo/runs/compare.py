@@ -35,6 +35,7 @@ from pathlib import Path
 
 from stapo.runs.events import RULE, events_table, group_events
 from stapo.runs.folder import RunData
+from stapo.runs.machine import mixed_machines
 from stapo.runs.settings import differences, mixed_warning, read_settings, settings_markdown
 from stapo.runs.stats import mean_se
 from stapo.runs.summary import (
@@ -63,7 +64,7 @@ from stapo.runs.tables import (
 from stapo.runs.threshold_table import threshold_table
 
 __all__ = ["ComparisonError", "comparison_step", "mean_se", "paired_differences", "summarize_group",
-           "summarize_run", "write_comparison"]
+           "summarize_run", "write_comparison", "write_comparison_and_warn"]
 
 PAIRED = (
     "final_acc", "best_acc", "late_reward", "entropy_last", "wall_s", *TAIL_QUANTITIES,
@@ -294,4 +295,17 @@ def write_comparison(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "comparison.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     (out_dir / "comparison.md").write_text(text, encoding="utf-8")
+    return document
+
+
+def write_comparison_and_warn(groups: dict[str, list[RunData]], out_dir: Path, meta: dict, warn, **options) -> dict:
+    """:func:`write_comparison` for a command (``stapo sweep``, ``stapo compare``): a warning when the runs were made
+    on more than one kind of machine goes first into the files, and every warning the files carry goes to ``warn``
+    (one line each)."""
+    mixed = mixed_machines([run.record for runs in groups.values() for run in runs])
+    if mixed:
+        meta = {**meta, "warnings": [*meta.get("warnings", []), mixed]}
+    document = write_comparison(groups, out_dir, meta, **options)
+    for warning in document.get("warnings", []):
+        warn(warning)
     return document

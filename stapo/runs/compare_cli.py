@@ -21,9 +21,8 @@ import sys
 from pathlib import Path
 
 from stapo.rundir import metric_segments
-from stapo.runs.compare import ComparisonError, add_step_option, write_comparison
+from stapo.runs.compare import ComparisonError, add_step_option, write_comparison_and_warn
 from stapo.runs.folder import group_runs, load_run
-from stapo.runs.machine import mixed_machines
 from stapo.wandb_offline import wandb_files
 
 SKIPPED = {"checkpoints", "plots", "wandb"}  # what a run folder holds besides its metrics
@@ -44,6 +43,10 @@ def find_runs(path: Path) -> list[Path]:
         if child.is_dir() and child.name not in SKIPPED:
             found += find_runs(child)
     return found
+
+
+def warn(warning: str) -> None:
+    print(f"[compare] warning: {warning}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,18 +82,12 @@ def main(argv: list[str]) -> int:
     if args.baseline is not None and args.baseline not in groups:
         parser.error(f"--baseline must be one of the groups the runs form {sorted(groups)}, got {args.baseline!r}")
     meta = {"command": "stapo compare " + shlex.join(argv), "compared_runs": [str(path) for path in run_dirs]}
-    mixed = mixed_machines([run.record for run in runs])
-    if mixed:
-        print(f"[compare] warning: {mixed}", file=sys.stderr)
-        meta["warnings"] = [mixed]
     try:
-        document = write_comparison(groups, args.out, meta, args.baseline, at_shared_step=args.at_shared_step)
+        write_comparison_and_warn(groups, args.out, meta, warn, baseline=args.baseline,
+                                  at_shared_step=args.at_shared_step)
     except ComparisonError as error:
         print(f"stapo compare: error: {error}", file=sys.stderr)
         return 2
-    for warning in document.get("warnings", []):
-        if warning != mixed:
-            print(f"[compare] warning: {warning}", file=sys.stderr)
     print(f"[compare] {len(runs)} runs in {len(groups)} groups; wrote {args.out / 'comparison.md'} and "
           f"{args.out / 'comparison.json'}")
     print((args.out / "comparison.md").read_text(encoding="utf-8"))

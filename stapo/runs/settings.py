@@ -117,5 +117,5 @@ def mixed_warning(found: dict) -> str | None:
 
 
 def _cell(value) -> str:
-    text = str(value)
-    return (text[:60] + "...") if len(text) > 63 else text.replace("|", "\\|")
+    text = str(value).replace("|", "\\|")
+    return (text[:60] + "...") if len(text) > 63 else text

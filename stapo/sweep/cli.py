@@ -67,7 +67,7 @@ from stapo.runs.folder import (
     read_run_metrics,
     write_record,
 )
-from stapo.runs.machine import machine_kind, mixed_machines
+from stapo.runs.machine import machine_kind
 from stapo.sweep.grid import Axis, PlannedRun, axis_label, found_seeds, parse_axis, parse_seeds, plan
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
@@ -145,7 +145,7 @@ def compare(
 
     Raises :class:`UnknownBaseline` after writing the comparison without its paired table, and
     ``stapo.runs.compare.ComparisonError`` (nothing written) for a comparison that would mislead."""
-    from stapo.runs.compare import write_comparison
+    from stapo.runs.compare import write_comparison_and_warn
     from stapo.runs.folder import group_runs
 
     loaded = []
@@ -156,14 +156,14 @@ def compare(
             print(f"[sweep] {run.cell} seed {run.seed}: no metrics yet, left out of the comparison", flush=True)
     if not loaded:
         return []
-    mixed = mixed_machines([run.record for run in loaded])  # the records load_run read
-    if mixed:
-        print(f"[sweep] warning: {mixed}", flush=True)
-        meta = {**meta, "warnings": [*meta.get("warnings", []), mixed]}
     groups = group_runs(loaded)
+
+    def warn(warning: str) -> None:
+        print(f"[sweep] warning: {warning}", flush=True)
+
     if baseline is not None and baseline not in groups:
         # the runs are kept, the table is written
-        write_comparison(groups, out_dir, meta, paired=False, at_shared_step=at_shared_step)
+        write_comparison_and_warn(groups, out_dir, meta, warn, paired=False, at_shared_step=at_shared_step)
         raise UnknownBaseline(
             f"--baseline {baseline!r} is none of the compared groups {sorted(groups)}: {out_dir / 'comparison.md'} "
             "has no paired table; rerun with --compare-only --baseline <one of them>"
@@ -171,10 +171,8 @@ def compare(
     grid = None
     if axes is not None and len(axes) == 2 and group_by is None:
         grid = tuple((axis_label(axis.key, axes), list(axis.values)) for axis in axes)
-    document = write_comparison(groups, out_dir, meta, baseline, grid=grid, at_shared_step=at_shared_step)
-    for warning in document.get("warnings", []):
-        if warning != mixed:
-            print(f"[sweep] warning: {warning}", flush=True)
+    document = write_comparison_and_warn(groups, out_dir, meta, warn, baseline=baseline, grid=grid,
+                                         at_shared_step=at_shared_step)
     for run in document["unfinished"]:
         print(
             f"[sweep] warning: {run['group']} seed {run['seed']} stopped at step {run['last_step']}, short of step "

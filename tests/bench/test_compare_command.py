@@ -155,3 +155,19 @@ def test_group_by_a_key_no_config_has_is_refused_and_one_group_gets_no_settings_
     assert stapo(["compare", str(tmp_path / "centre" / "runs" / "algo-stapo"), "--out", str(tmp_path / "one")]) == 0
     table = (tmp_path / "one" / "comparison.md").read_text()
     assert "Settings that differ" not in table and "Paired by seed" not in table
+
+
+def test_runs_of_two_kinds_of_machine_are_compared_with_the_warning_first_on_stderr_and_in_the_files(tmp_path, capsys):
+    """The same warning `stapo sweep` gives (tests/bench/test_compare_like_with_like), through the one helper."""
+    two_sets(tmp_path, np.random.default_rng())
+    kinds = {"centre": "AMD EPYC (AVX2)", "ablation": "Intel(R) Xeon(R) Processor (AMX)"}
+    for folder, kind in kinds.items():
+        path = tmp_path / folder
+        for record_file in path.glob("runs/*/seed-*/sweep_run.json"):
+            record = json.loads(record_file.read_text())
+            record_file.write_text(json.dumps({**record, "machine": kind}), encoding="utf-8")
+    assert stapo(["compare", str(tmp_path), "--baseline", "algo=stapo", "--out", str(tmp_path / "cmp")]) == 0
+    warning = ("the compared runs were made on 2 kinds of machine (AMD EPYC (AVX2); Intel(R) Xeon(R) Processor (AMX)): "
+               "runs of one seed are not paired bit for bit across kinds")
+    assert f"[compare] warning: {warning}" in capsys.readouterr().err
+    assert (tmp_path / "cmp" / "comparison.md").read_text().startswith(f"**Warning**: {warning}")

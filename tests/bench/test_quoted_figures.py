@@ -40,10 +40,10 @@ def num(value: float, digits: int, sign: bool = False) -> str:
     return f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}"
 
 
-def stat(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = False) -> str:
-    """``mean ± se`` of a group's quantity, as comparison.md writes it."""
+def stat(folder: str, name: str, quantity: str, digits: int = 3, sign: bool = False, scale: float = 1.0) -> str:
+    """``mean ± se`` of a group's quantity, as comparison.md writes it (times ``scale``: 100 for a share in %)."""
     s = group(folder, name)["stats"][quantity]
-    return f"{num(s['mean'], digits, sign)} ± {s['se']:.{digits}f}"
+    return f"{num(scale * s['mean'], digits, sign)} ± {scale * s['se']:.{digits}f}"
 
 
 def mean(folder: str, name: str, quantity: str, digits: int = 3, scale: float = 1.0) -> str:
@@ -585,12 +585,11 @@ def _ta_quotes() -> list[tuple]:
     events = recorded_events(TA_VS_STAPO, groups)
     cell = " {} |"
     title, quantity, digits = TA_MASK
-    mask = [f"{num(100 * group(TA_VS_STAPO, g)['stats'][quantity]['mean'], digits)} ± "
-            f"{100 * group(TA_VS_STAPO, g)['stats'][quantity]['se']:.{digits}f}" for g in groups[:-1]]
     return [
         *[(R, f"| {row} |" + cell * len(groups), *[stat(TA_VS_STAPO, g, quantity, digits) for g in groups])
           for row, quantity, digits in TA_ROWS],
-        (R, f"| {title} |" + cell * len(groups), *mask, "-"),
+        (R, f"| {title} |" + cell * len(groups), *[stat(TA_VS_STAPO, g, quantity, digits, scale=100)
+                                                   for g in groups[:-1]], "-"),
         *[(R, f"| runs with {row} |" + cell * len(groups), *[counted(events[g], kind) for g in groups])
           for row, kind in EVENT_ROWS],
         *[(R, f"| {row} |" + cell * len(TA_CELLS), *[paired(TA_VS_STAPO, g, quantity, digits) for g in TA_CELLS])
