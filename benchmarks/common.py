@@ -181,7 +181,7 @@ def rss_kib() -> tuple[int, int]:
 
 
 def machine_info(device: torch.device) -> dict[str, str]:
-    from stapo.runs.machine import cpuinfo_fields
+    from stapo.machine_kind import cpuinfo_fields
 
     cpu = cpuinfo_fields().get("model name", "unknown CPU")
     import os

@@ -68,7 +68,7 @@ def save_checkpoint(target: Path, model, tokenizer, marker: str, report: dict) -
     finished build). The same recipe and seed build other weights on another kind (docs/reproducibility.md)."""
     import json
 
-    from stapo.runs.machine import machine_kind
+    from stapo.machine_kind import machine_kind
 
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)

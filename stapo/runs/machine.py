@@ -10,40 +10,13 @@ node names that node's kind, not the kind of the machine that submitted it.
 
 from __future__ import annotations
 
-import platform
-from pathlib import Path
-
-# the widest vector extension the kernels can pick, widest first (flags as /proc/cpuinfo names them)
-EXTENSIONS = (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
-
-
-def cpuinfo_fields(cpuinfo: str | None = None) -> dict[str, str]:
-    """The first processor's fields of ``/proc/cpuinfo`` (or of ``cpuinfo``'s text); empty where there is none."""
-    if cpuinfo is None:
-        path = Path("/proc/cpuinfo")
-        cpuinfo = path.read_text(errors="replace") if path.is_file() else ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
-    return fields
-
-
-def machine_kind(cpuinfo: str | None = None) -> str:
-    """``"<CPU model name> (<widest vector extension>)"``, from ``/proc/cpuinfo`` (or ``cpuinfo``'s text)."""
-    fields = cpuinfo_fields(cpuinfo)
-    model = fields.get("model name") or platform.processor() or "unknown CPU"
-    flags = set(fields.get("flags", "").split())
-    widest = next((name for flag, name in EXTENSIONS if flag in flags), "no AVX2")
-    return f"{model} ({widest})" if flags else model
+from stapo.machine_kind import machine_kind
+from stapo.models.cache import model_built_on
 
 
 def run_machine(model_path: str) -> dict[str, str | None]:
     """What a run keeps of where it ran: this machine's kind (``machine``) and, for a model this project built, the
     kind its build recorded (``model_built_on``; None for any other model or a build from before it was recorded)."""
-    from stapo.models.cache import model_built_on
-
     return {"machine": machine_kind(), "model_built_on": model_built_on(model_path)}
 
 
