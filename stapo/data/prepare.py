@@ -1,6 +1,7 @@
 """Converters to verl's parquet format for the paper's training set and its six benchmarks.
 
-Sources: the usual hub data sets (on a machine with internet) or a local JSONL / parquet file.
+Sources: the usual hub data sets (on a machine with internet) or a local file (``stapo.data.readers``);
+``stapo.data.custom`` converts a user's own file with the same validation.
 Every row is validated; nothing is dropped silently: skipped rows are counted by reason, printed,
 and written next to the output as ``<split>.skipped.jsonl`` (file, row, reason), with the counts
 in ``<split>.summary.json``. Local files are read lazily, so DAPO-Math-17k's 1.8M rows stream.
@@ -11,13 +12,16 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from stapo.data.readers import DataError, read_rows
 from stapo.data.rows import rl_row, write_rows
+
+__all__ = ["SOURCES", "SUFFIX", "DataError", "convert", "extract", "prepare", "read_rows", "write_split"]
 
 SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 QUESTION_FIELDS = ("problem", "question", "Problem", "Question", "prompt")
@@ -55,40 +59,6 @@ SOURCES = {
 # DAPO-Math-17k ships verl rows whose prompt wraps the question in DAPO's own instructions
 _DAPO_PREFIX = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.DOTALL)
 _DAPO_SUFFIX = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
-
-
-class DataError(ValueError):
-    """A file cannot be converted at all (missing, unreadable, no usable fields)."""
-
-
-def read_rows(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a local .jsonl / .json (one object a line) or .parquet file, lazily."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.ParquetFile(path)
-        except Exception as error:  # pyarrow raises several types for a damaged file
-            raise DataError(f"{path}: not a readable parquet file ({error})") from None
-        return (row for batch in table.iter_batches(batch_size=4096) for row in batch.to_pylist())
-    if path.suffix in (".jsonl", ".json"):
-        return _read_jsonl(path)
-    raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
-
-
-def _read_jsonl(path: Path) -> Iterator[Any]:
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                yield None  # a blank line is a row with nothing in it: counted, not dropped silently
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}: row {number} is not valid JSON ({error.msg})") from None
 
 
 def load_hub_rows(source: Source) -> Iterator[dict[str, Any]]:  # pragma: no cover - needs the internet
@@ -168,6 +138,18 @@ def extract(
     return question, answer, ""
 
 
+RowBuilder = Callable[[str, str, dict[str, Any]], dict[str, Any]]
+
+
+def paper_row(name: str) -> RowBuilder:
+    """The paper's row for data set ``name``: the question followed by the boxed-answer instruction."""
+
+    def build(question: str, answer: str, extra: dict[str, Any]) -> dict[str, Any]:
+        return rl_row(f"stapo/{name}", f"{question}\n\n{SUFFIX}", answer, {**extra, "benchmark": name})
+
+    return build
+
+
 def convert(
     rows: Iterable[Any],
     name: str,
@@ -176,8 +158,12 @@ def convert(
     dedup: bool = False,
     question_field: str | None = None,
     answer_field: str | None = None,
+    build: RowBuilder | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """(verl rows, skipped records); the row index in skipped records is 1-based, as in the file."""
+    """(verl rows, skipped records); the row index in skipped records is 1-based, as in the file.
+
+    ``build(question, answer, extra_info)`` makes a row (default: the paper's, :func:`paper_row`)."""
+    build = build or paper_row(name)
     out, skipped, seen = [], [], set()
     for number, row in enumerate(rows, start=1):
         question, answer, reason = extract(row, question_field, answer_field)
@@ -188,8 +174,7 @@ def convert(
         if reason:
             skipped.append({"file": origin, "row": number, "reason": reason})
             continue
-        extra = {"split": split, "index": len(out), "source_row": number, "benchmark": name}
-        out.append(rl_row(f"stapo/{name}", f"{question}\n\n{SUFFIX}", answer, extra))
+        out.append(build(question, answer, {"split": split, "index": len(out), "source_row": number}))
     return out, skipped
 
 
@@ -219,23 +204,33 @@ def prepare(
     if limit is not None:
         rows = islice(rows, limit)
     out, skipped = convert(rows, name, source.out_split, origin, dedup, question_field, answer_field)
-    reasons = dict(Counter(record["reason"] for record in skipped))
-    rows_in = len(out) + len(skipped)
     if not out:
-        raise DataError(f"{origin}: no usable row among {rows_in} (skipped: {reasons})")
-    target = Path(out_dir) / name
-    parquet = write_rows(target / f"{source.out_split}.parquet", out)
-    with (target / f"{source.out_split}.skipped.jsonl").open("w", encoding="utf-8") as handle:
+        raise DataError(f"{origin}: no usable row among {len(skipped)} (skipped: {skip_counts(skipped)})")
+    return write_split(Path(out_dir) / name, source.out_split, out, skipped, {"name": name, "source": origin},
+                       dedup)
+
+
+def skip_counts(skipped: list[dict]) -> dict[str, int]:
+    """Skipped rows counted by reason."""
+    return dict(Counter(record["reason"] for record in skipped))
+
+
+def write_split(
+    folder: Path, split: str, out: list[dict], skipped: list[dict], about: dict[str, Any], dedup: bool
+) -> dict:
+    """``<folder>/<split>.parquet``, ``<split>.skipped.jsonl`` (file, row, reason) and ``<split>.summary.json``
+    (``about`` followed by the counts); the summary is returned."""
+    parquet = write_rows(folder / f"{split}.parquet", out)
+    with (folder / f"{split}.skipped.jsonl").open("w", encoding="utf-8") as handle:
         for record in skipped:
             handle.write(json.dumps(record) + "\n")
     summary = {
-        "name": name,
-        "source": origin,
+        **about,
         "output": str(parquet),
-        "rows_in": rows_in,
+        "rows_in": len(out) + len(skipped),
         "rows_out": len(out),
-        "skipped": reasons,
+        "skipped": skip_counts(skipped),
         "dedup": dedup,
     }
-    (target / f"{source.out_split}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (folder / f"{split}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -12,11 +12,15 @@ from typing import Any
 from stapo.files import write_atomically
 
 
-def rl_row(data_source: str, prompt: str, ground_truth: str, extra_info: dict[str, Any]) -> dict[str, Any]:
-    """One single-turn math row: the user's ``prompt``, the answer the rule reward compares with."""
+def rl_row(
+    data_source: str, prompt: str, ground_truth: str, extra_info: dict[str, Any], system: str | None = None
+) -> dict[str, Any]:
+    """One single-turn row: the user's ``prompt`` (after a ``system`` message when given), the answer the rule
+    reward compares with."""
+    messages = [{"role": "system", "content": system}] if system else []
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": prompt}],
+        "prompt": [*messages, {"role": "user", "content": prompt}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": extra_info,

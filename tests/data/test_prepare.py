@@ -155,5 +155,6 @@ def test_hub_path_asks_for_the_right_dataset_and_split(tmp_path, monkeypatch):
 def test_cli_rejects_unknown_names_and_bad_limits(tmp_path, capsys):
     assert data_main(["prepare", "gsm9k", "--out", str(tmp_path)]) == 2
     assert data_main(["prepare", "aime24", "--limit", "0", "--out", str(tmp_path)]) == 2
-    out = capsys.readouterr().out
-    assert "unknown data set(s) ['gsm9k']" in out and "--limit must be >= 1" in out
+    captured = capsys.readouterr()
+    assert "unknown data set(s) ['gsm9k']" in captured.err and "--limit must be >= 1" in captured.err
+    assert captured.out == ""  # errors go to stderr, the summary alone to stdout

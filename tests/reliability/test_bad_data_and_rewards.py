@@ -178,7 +178,7 @@ def test_damaged_parquet_file_is_a_clear_error_and_cli_exit_code(tmp_path, capsy
     with pytest.raises(DataError, match="damaged.parquet: not a readable parquet file"):
         prepare("aime24", tmp_path / "out", bad)
     assert data_cli(["prepare", "aime24", "--input", str(bad), "--out", str(tmp_path / "out")]) == 2
-    assert "not a readable parquet file" in capsys.readouterr().out
+    assert "not a readable parquet file" in capsys.readouterr().err
     partly = tmp_path / "partly.parquet"
     _write_parquet(partly, [row for row, _ in BROKEN_ROWS[:3]])
     assert data_cli(["prepare", "aime24", "--input", str(partly), "--out", str(tmp_path / "o2"), "--strict"]) == 1
