@@ -1,14 +1,28 @@
-"""Every figure results/README.md and README.md quote of a recorded comparison is recomputed here from the
-folder's ``comparison.json``, so a doc cannot quote what no file holds.
+"""Every figure results/README.md, README.md (and docs/findings.md, where README's narrative moves) and docs/*.md
+quote of a recorded set is recomputed here from the set's files, and no figure stands in those docs unchecked.
 
-Each entry of ``QUOTES`` is a piece of a doc with ``{}`` where a figure stands and the figures recomputed
-from the files; the doc must contain the piece with those figures filled in (line breaks aside). Rounding is Python's
-(``format``), as the tables are written. Fast: no trainer, reads the JSON in ``results/``.
+Each entry of ``QUOTES`` is a piece of a doc with ``{}`` where a figure stands and the figures recomputed from the
+files (``comparison.json``, ``registered-test.json``, the runs' records, the benchmarks' measurement files); the doc
+must contain the piece with those figures filled in (line breaks aside). Each entry names its doc by a constant; an
+entry of README.md is also found in docs/findings.md. Rounding is Python's (``format``), as the tables are written.
+
+What counts as a quoted figure (``FIGURE``): a number written with a decimal point (``0.013``, ``+0.014``,
+``-0.0273``, ``18.7x``, ``0.030 %``), since every value the bench measures (accuracy, reward, entropy, mass, share,
+p-value, t, ratio) is written with one, and a count written ``k of n`` (``9 of the 10 seeds``, ``5 of 8 runs``). Plain
+integers are settings or sizes (steps, seeds, dates, sample counts, issue numbers, commit hashes) and are not figures.
+Where: every paragraph of results/README.md and docs/findings.md, and each paragraph of README.md and the other
+docs/*.md that names a recorded set (a folder of results/). Code spans, fenced blocks and link targets are not text.
+How it knows a figure is checked: the figure lies inside a match of one of ``QUOTES``' filled-in pieces for that doc;
+or inside a match of ``SETTINGS`` (a run's settings written as numbers: decodings, thresholds, clip ranges); or it is in
+``OUTSIDE`` (figures of the paper or of measurements outside the project, each said so). Anything else fails
+``test_every_figure_in_the_docs_is_one_the_test_recomputes``, naming the figure and its context. Fast: no trainer,
+reads the JSON in ``results/``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from functools import cache
 from math import comb
 from pathlib import Path
@@ -16,11 +30,15 @@ from pathlib import Path
 import pytest
 
 from stapo.runs.events import fisher_two_sided
+from stapo.runs.registered import student_t_sf
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 R = "results/README.md"
 M = "README.md"
+# README.md's research narrative, moved there verbatim: README's pieces are found there too
+FINDINGS = "docs/findings.md"
+REGISTRATION = "docs/registration.md"
 
 
 @cache
@@ -157,9 +175,11 @@ TD_QUOTES = [
      stat(TD, "algo=stapo", "final_acc@T0.7"), paired(TD, "algo=stapo", "final_acc@T0.7")),
     (R, "({} against\n{} at T=1)", mean(TD, "algo=justrl", "initial_acc@T0.7"),
      mean(TD, "algo=justrl", "initial_acc")),
-    (M, "(0.975 held-out at step 0) and STAPO ends {} below JustRL", paired(TD, "algo=stapo", "final_acc@T0.7",
-                                                                            sign=False).lstrip("-")),
-    (R, "STAPO ends 0.004 ± 0.002 below JustRL\n(lower in {} seeds", lower_in(TD, "algo=stapo", "final_acc@T0.7")),
+    (M, "({} held-out at step 0) and STAPO ends {} below JustRL", mean(TD, "algo=justrl", "initial_acc@T0.7"),
+     paired(TD, "algo=stapo", "final_acc@T0.7", sign=False).lstrip("-")),
+    (R, "STAPO ends {} below JustRL\n(lower in {} seeds", paired(TD, "algo=stapo", "final_acc@T0.7", sign=False)
+     .lstrip("-"), lower_in(TD, "algo=stapo", "final_acc@T0.7")),
+    (R, "a small difference near the ceiling, against {} at T=1", paired(TD, "algo=stapo", "final_acc")),
 ]
 TL = "tailbed-lr5e-5"
 # results/README.md's table of TL: (row title, quantity, digits); JustRL, STAPO, then the paired difference
@@ -196,10 +216,10 @@ def runs_with(events: dict[int, dict[str, list[int]]], kind: str) -> int:
     return sum(bool(e[kind]) for e in events.values())
 
 
-def fisher_one_sided(hit_a: int, n_a: int, hit_b: int, n_b: int) -> float:
-    """P(group a holds >= hit_a of the hit_a + hit_b runs with an event, by chance), hypergeometric."""
-    hits, total = hit_a + hit_b, n_a + n_b
-    return sum(comb(n_a, k) * comb(n_b, hits - k) for k in range(hit_a, min(hits, n_a) + 1)) / comb(total, hits)
+def sign_test_two_sided(higher: int, lower: int) -> float:
+    """Two-sided sign test, ties left out: P(a split at least this uneven) under a fair coin."""
+    n, k = higher + lower, max(higher, lower)
+    return min(1.0, 2 * sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n)
 
 
 def over_step_1(folder: str, name: str, seed: int, key: str) -> float:
@@ -256,7 +276,8 @@ def _tl_events() -> list[tuple]:
     assert justrl[3]["explosion"] == list(range(19, 61)) and tail_driven == [2, 3]
 
     def p_value(kind: str, digits: int, events: dict = justrl) -> str:
-        p = fisher_one_sided(runs_with(events, kind), len(events), runs_with(stapo, kind), len(stapo))
+        """Fisher's exact test, two-sided: COMMAND fixed the event rule, not a test or a side."""
+        p = fisher_two_sided(runs_with(events, kind), len(events), runs_with(stapo, kind), len(stapo))
         return f"{p:.{digits}f}"
 
     def peak(seed: int) -> str:
@@ -265,8 +286,8 @@ def _tl_events() -> list[tuple]:
     return [
         *[(R, f"| {row} | {{}} | {{}} | {{}} |", counted(justrl, kind), counted(stapo, kind), counted(grpo, kind))
           for row, kind in EVENT_ROWS],
-        (R, "explosion: p = {}). JustRL's seeds {}, {}, {}, {} and {} explode; seed 3 from step 19 to the end ({} at "
-            "step 60, against {} at step 1)", p_value("explosion", 3), *exploded,
+        (R, "explosion, two-sided: p = {}). JustRL's seeds {}, {}, {}, {} and {} explode; seed 3 from step 19 to the "
+            "end ({} at step 60, against {} at step 1)", p_value("explosion", 3), *exploded,
          series(TL, "algo=justrl", 3, "entropy", 60, 4), series(TL, "algo=justrl", 3, "entropy", 1, 4)),
         (R, "(seeds 2 and 3: the filler mass a position reaches {} and {}, {}x and {}x step 1), too few alone to tell "
             "the algorithms apart (p = {})", peak(2), peak(3),
@@ -274,25 +295,27 @@ def _tl_events() -> list[tuple]:
         (R, "the filler mass peaked at {}-{}x step 1", num(others[0], 1), num(others[-1], 1)),
         (R, "STAPO's filler mass never passed {}x its step-1 value",
          num(max(tail_ratio(TL, "algo=stapo", s) for s in stapo), 1)),
-        (M, "JustRL's entropy more than doubles in {} runs and STAPO's in none (one-sided Fisher p = {};",
+        (M, "JustRL's entropy more than doubles in {} runs and STAPO's in none (two-sided Fisher p = {}, chosen after "
+            "the runs;",
          counted(justrl, "explosion"), p_value("explosion", 3)),
         (M, "accuracy is not told apart ({})", paired(TL, "algo=stapo", "final_acc")),
-        (M, "GRPO (JustRL plus a KL term of 0.001) explodes in {} runs, {} of them by the tail (against STAPO p = {}), "
-            "and ends below JustRL in every seed ({})", counted(grpo, "explosion"), runs_with(grpo, "tail"),
-         p_value("explosion", 4, grpo), paired(TL, "algo=grpo", "final_acc")),
+        (M, "GRPO (JustRL plus a KL term of 0.001) explodes in {} runs, {} of them by the tail (against STAPO "
+            "two-sided p = {}), and ends below JustRL in every seed ({})", counted(grpo, "explosion"),
+         runs_with(grpo, "tail"), p_value("explosion", 4, grpo), paired(TL, "algo=grpo", "final_acc")),
         (R, "GRPO explodes in {} runs (seeds {}), {} of them tail-driven by the rule (seeds {}: the filler mass a "
             "position reaches {}x, {}x, {}x and {}x its step-1 value); STAPO in none",
          counted(grpo, "explosion"), and_list([seed for seed, e in grpo.items() if e["explosion"]]),
          runs_with(grpo, "tail"), and_list([seed for seed, e in grpo.items() if e["tail"]]),
          *[num(tail_ratio(TL, "algo=grpo", seed), 1) for seed, e in grpo.items() if e["tail"]]),
-        (R, "one-sided Fisher p = {} for an explosion, {} for a tail-driven one", p_value("explosion", 4, grpo),
-         p_value("tail", 3, grpo)),
+        (R, "GRPO against STAPO, two-sided\n  Fisher p = {} for an explosion, {} for a tail-driven one",
+         p_value("explosion", 4, grpo), p_value("tail", 3, grpo)),
         (R, "above STAPO's in each of the {} seeds ({})",
          above_in_every_seed(TL, "algo=grpo", "algo=stapo", "entropy_peak"),
          paired_vs(TL, "algo=grpo", "algo=stapo", "entropy_peak", 4)),
-        (R, "Held-out at step 60 {} against JustRL (lower in {} seeds: {}; a one-sided sign test gives p = {})",
+        (R, "Held-out at step 60 {} against JustRL (lower in {} seeds: {}; a two-sided sign test gives p = {})",
          paired(TL, "algo=grpo", "final_acc"), lower_in(TL, "algo=grpo", "final_acc"),
-         ", ".join(deltas(TL, "algo=grpo", "final_acc", sign=False)), num(0.5 ** len(grpo), 3)),
+         ", ".join(deltas(TL, "algo=grpo", "final_acc", sign=False)), f"{sign_test_two_sided(len(grpo), 0):.4f}"),
+        (R, "accuracy does not tell STAPO and\n  JustRL apart ({})", paired(TL, "algo=stapo", "final_acc")),
         (R, "JustRL apart: {} in the largest position entropy, {} in the filler mass)",
          paired(TL, "algo=grpo", "entropy_max_peak"), paired(TL, "algo=grpo", "tail_mass", 6)),
     ]
@@ -396,9 +419,9 @@ def _lx_bullets() -> list[tuple]:
         (R, "as the lr stress's JustRL runs with {}-{}x were not", num(below_line[0], 1), num(below_line[-1], 1)),
         (M, "and STAPO ends above JustRL in each of the three seeds ({} held-out at step 500), too few seeds to call",
          paired(LX, "algo=stapo", "final_acc")),
-        (R, "STAPO ends above JustRL in {} seeds: a sign that one-sided has p = {} with three, and one evaluation of "
+        (R, "STAPO ends above JustRL in {} seeds: a sign test (two-sided) has p = {} with three, and one evaluation of "
             "512 samples at this accuracy has a binomial standard error of about {}",
-         higher_in(LX, "algo=stapo", "final_acc"), num(0.5 ** 3, 3),
+         higher_in(LX, "algo=stapo", "final_acc"), f"{sign_test_two_sided(3, 0):.3f}",
          num((accuracy * (1 - accuracy) / 512) ** 0.5, 3)),
     ]
 
@@ -485,12 +508,6 @@ def largest_of(folder: str, name: str, seed: int, key: str, digits: int = 4) -> 
     found = run_of(folder, name, seed)["series"][key]
     step = max(found, key=found.get)
     return num(found[step], digits), step
-
-
-def sign_test_two_sided(higher: int, lower: int) -> float:
-    """Two-sided sign test, ties left out: P(a split at least this uneven) under a fair coin."""
-    n, k = higher + lower, max(higher, lower)
-    return min(1.0, 2 * sum(comb(n, i) for i in range(k, n + 1)) / 2 ** n)
 
 
 def _tx_quotes() -> list[tuple]:
@@ -665,6 +682,191 @@ def _ta_reading(events) -> list[tuple]:
     ]
 
 
+# the confirmatory TACO set: its registered test (registered-test.json, stapo/runs/registered.py) and its comparison
+TC = "tailbed-taco-confirm-xeon"
+
+
+@cache
+def registered_test(folder: str) -> dict:
+    return json.loads((RESULTS / folder / "registered-test.json").read_text(encoding="utf-8"))
+
+
+def _tc_quotes() -> list[tuple]:
+    test = registered_test(TC)
+    primary, t_test = test["primary"], test["primary"]["t_test"]
+    secondary = {row["quantity"]: row for row in test["secondary"]}
+    events = recorded_events(TC, ("algo=justrl", "algo=taco"))
+    walls = [r["wall_s"] / 60 for g in load(TC)["groups"] for r in g["runs"]]
+    verdict = "confirmed" if primary["rejects"] else "not confirmed"
+    # the after-the-fact reading it was run to confirm: tailbed-decodings-xeon's TACO row, with tailbed-t1's seeds
+    before = seed_deltas(TB, "algo=taco", "final_acc") + seed_deltas(TX, "algo=taco", "final_acc")
+    rows = [("held-out acc at T=0.7 / top-p=0.9, step 100", "final_acc@T0.7", 3),
+            ("best held-out acc (steps 25-100)", "best_acc", 3),
+            ("filler mass a position, mean over steps", "tail_mass", 6),
+            ("filler mass a position, last 10 steps", "tail_mass_late", 6),
+            ("largest mean entropy of a step", "entropy_peak", 4), ("mean entropy, step 100", "entropy_last", 4)]
+    assert [row for _, row, _ in rows] == test["registration"]["secondary"]
+    for _, quantity, _ in rows:  # the registered test's rows are the comparison's
+        assert secondary[quantity]["mean"] == pytest.approx(paired_group(TC, "algo=taco")["diff"][quantity]["mean"])
+    collapsed = {name: [s for s, e in entropy_events(folder, "algo=taco").items() if e["collapse"]]
+                 for name, folder in (("t1", TB), ("xeon", TX))}
+    assert len(collapsed["t1"]) == len(collapsed["xeon"])  # "2 of 5 each"
+    return [
+        (R, "| TACO minus JustRL, held-out acc at step 100 (8 seeds) | {} |",
+         f"{primary['mean']:+.4f} ± {primary['se']:.4f}"),
+        (R, "| paired t, 7 degrees of freedom | {} |", f"{t_test['t']:.3f}"),
+        (R, "| one-sided p (TACO higher), at alpha 0.05 | {}: {} |", f"{t_test['p']:.4f}", verdict),
+        (R, "| seeds TACO higher / lower / equal | {} / {} / {} (two-sided sign test p = {}) |", primary["higher"],
+         primary["lower"], primary["equal"], f"{primary['sign_test_two_sided']:.4f}"),
+        (R, "On the 8 new seeds TACO's held-out accuracy at step 100 is {} against JustRL (per seed {}), t = {}, "
+            "one-sided p = {}", paired(TC, "algo=taco", "final_acc"), ", ".join(deltas(TC, "algo=taco", "final_acc")),
+         f"{t_test['t']:.2f}", f"{t_test['p']:.2f}"),
+        (R, "the fact on tailbed-decodings-xeon, {} there and TACO above JustRL in {} of the 10 seeds of the two "
+            "builds",
+         paired(TX, "algo=taco", "final_acc"), sum(d > 0 for d in before)),
+        *[(R, f"| {title} | {{}} | {{}} | {{}} | {{}} of 8 |", stat(TC, "algo=justrl", quantity, digits),
+           stat(TC, "algo=taco", quantity, digits), paired(TC, "algo=taco", quantity, digits),
+           secondary[quantity]["lower"]) for title, quantity, digits in rows],
+        (R, "TACO's held-out accuracy above JustRL's in {}\nof the 10 seeds of tailbed-t1 and tailbed-decodings-xeon "
+            "was found after the fact", sum(d > 0 for d in before)),
+        (R, "16 runs of {}-{} min, two at a time", *[str(round(f(walls))) for f in (min, max)]),
+        (R, "JustRL's entropy explodes in {} runs (seed {}, not by the tail) and TACO's in none; TACO's collapses "
+            "(below half its step-1 value) in {} (seed {}), where tailbed-t1 and tailbed-decodings-xeon had {} of\n5 "
+            "each", counted(events["algo=justrl"], "explosion"),
+         and_list([s for s, e in events["algo=justrl"].items() if e["explosion"]]),
+         counted(events["algo=taco"], "collapse"),
+         and_list([s for s, e in events["algo=taco"].items() if e["collapse"]]), len(collapsed["t1"])),
+        (R, "the registered test on seeds 6-13 did not confirm it (tailbed-taco-confirm-xeon below,\n  {}, one-sided "
+            "p = {})", paired(TC, "algo=taco", "final_acc"), f"{t_test['p']:.2f}"),
+        (R, "| yes: outcome, one-sided paired t at 0.05, seeds 6-13 (commit 5b1a5a5, 22:08:00 UTC; first run "
+            "22:08:14) | yes, {} runs | {}: {}, one-sided p = {}; the after-the-fact {} of 10 seeds does not "
+            "replicate |",
+         len(walls), verdict, paired(TC, "algo=taco", "final_acc"), f"{t_test['p']:.2f}", sum(d > 0 for d in before)),
+        (M, "(results/tailbed-taco-confirm-xeon: seeds 6-13) {} it", "confirmed" if primary["rejects"]
+         else "did not confirm"),
+        (REGISTRATION, "TACO's held-out accuracy was above JustRL's in {} of the 10 seeds of two earlier sets",
+         sum(d > 0 for d in before)),
+        (REGISTRATION, "The test run as registered (the command in its COMMAND) {} the earlier reading",
+         "confirmed" if primary["rejects"] else "did not\nconfirm"),
+    ]
+
+
+def _summary_quotes() -> list[tuple]:
+    """results/README.md's table of the sets (its figures; the rest is words)."""
+    tx = recorded_events(TX, ("algo=justrl", "algo=stapo", "algo=taco"))
+    tl = {name: entropy_events(TL, name) for name in ("algo=justrl", "algo=stapo", "algo=grpo")}
+    long_amd = len(list((RESULTS / "tailbed-long-horizon" / "runs").glob("*/seed-*")))
+    assert not runs_with(tx["algo=stapo"], "tail") and not runs_with(tx["algo=taco"], "tail")
+    assert not runs_with(tl["algo=stapo"], "explosion")
+    return [
+        (R, "| yes, 30 runs | the tail rules' trim replicates; JustRL runs away by the tail in {} runs, STAPO and TACO "
+            "in none |", counted(tx["algo=justrl"], "tail")),
+        (R, "| yes, {} of 9 runs | unfinished: nothing quoted |", long_amd),
+        (R, "| JustRL explodes in {} runs, STAPO in none, GRPO in {} (read afterwards, two-sided) |",
+         counted(tl["algo=justrl"], "explosion"), counted(tl["algo=grpo"], "explosion")),
+    ]
+
+
+def _more_quotes() -> list[tuple]:
+    """Figures of the readings the tables above leave out."""
+    ta_cells = [g["group"] for g in load(TA)["groups"]]
+    late = {run_value(TA, cell, 2, "late_reward") for cell in ta_cells}
+    (late_2,) = late  # seed 2's late reward, the same in all four cells
+    entropy_cells = {cell: mean(TA, cell, "entropy_last") for cell in ta_cells}
+    by_q = [{entropy_cells[c] for c in ta_cells if c.endswith(f"={q}")} for q in ("0.5", "1.0")]
+    assert all(len(values) == 1 for values in by_q)
+    grid = group(A8, "algo=stapo")["threshold_grid"]["cells"]
+    shown = (1, 50, 100, 150, 200, 256)
+    apart = max(abs(float(entropy_at(LH, "algo=grpo", s)) - float(entropy_at(LH, "algo=stapo", s))) for s in shown)
+    s5 = seed_deltas(S5, "algo=entropy20", "entropy_last")
+    assert all(d > 0 for d in s5)
+    s60_last = [group(S60, g)["stats"]["entropy_last"]["mean"] for g in ("algo=grpo", "algo=stapo", "algo=entropy20")]
+    sm_acc = sum(g["stats"]["final_acc"]["mean"] for g in load(SM)["groups"]) / len(load(SM)["groups"])
+    sm_d = paired_group(SM, "algo=stapo")["diff"]["final_acc"]
+    tx_events = recorded_events(TX, ("algo=justrl",))["algo=justrl"]
+    tb_events = entropy_events(TB, "algo=justrl")
+    assert runs_with(tb_events, "explosion") == 0
+    vs_centre = [paired_group(TA_VS_STAPO, g)["diff"][q] for g in TA_CELLS for q in ("tail_mass", "tail_mass_late",
+                                                                                     "entropy_peak")]
+    ta_events = recorded_events(TA_VS_STAPO, ("algo=justrl",))["algo=justrl"]
+    in_each = {lower_in(TA_VS_JUSTRL, g, q) for g in TA_CELLS for q in ("tail_mass", "tail_mass_late", "norm_share",
+                                                                        "entropy_peak")}
+    (every,) = in_each
+    kinds = json.loads((REPO / "benchmarks" / "machine_kinds" / "2026-11-28-xeon-avx512.json").read_text())["settings"]
+    control = REPO / "benchmarks" / "tailbed"
+
+    def rates(name: str) -> tuple[str, str]:
+        found = json.loads((control / name).read_text())
+        return f"{found['greedy_pass_rate']:.3f}", f"{found['t1_pass_rate']:.3f}"
+
+    beta = {name: f"{json.loads((control / name).read_text())['beta']:.2f}"
+            for name in ("stapo_tailbed-2026-11-28-xeon-avx512.json", "stapo_tailbed.json")}
+    return [
+        # testbed-threshold-ablation
+        *[(R, f"| mask ratio (% of tokens), {tau_p} | {{}} | {{}} |",
+           *[stat(TA, f"tau_p={tau_p},entropy_quantile={q}", "mask_ratio", 3, scale=100) for q in ("0.5", "1.0")])
+          for tau_p in ("0.002", "0.02")],
+        (R, "| entropy at step 60, every cell | {} | {} |", *[next(iter(values)) for values in by_q]),
+        (R, "Seed 2's late training reward is the same\n  in all four ({})", late_2),
+        (R, "Held-out accuracy is ordered as the mask ratio is: from {} in the cell that silences least\n  to {} in "
+            "the one that silences most", *[num(f(group(TA, c)["stats"]["final_acc"]["mean"] for c in ta_cells), 3)
+                                        for f in (min, max)]),
+        (R, "spans\n  only {} % to {} % of the tokens", *[num(f(100 * c["mean"] for c in grid), 3)
+                                                           for f in (min, max)]),
+        # testbed-long-horizon
+        (R, "from {} to {}, while both keep learning", entropy_at(LH, "algo=grpo", 1),
+         entropy_at(LH, "algo=grpo", 256)),
+        (R, "held-out accuracy {} and {} at step 256 ({} for JustRL after 60\n  steps", mean(LH, "algo=grpo",
+                                                                                          "final_acc"),
+         mean(LH, "algo=stapo", "final_acc"), mean(A8, "algo=justrl", "final_acc")),
+        (R, "entropy within {} at every step shown", num(apart, 3)),
+        # testbed-addition-5seeds
+        (R, "| JustRL | {} | {} | {} |", stat(S5, "algo=justrl", "final_acc"), stat(S5, "algo=justrl", "late_reward"),
+         stat(S5, "algo=justrl", "entropy_last")),
+        (R, "keeps the policy's entropy higher: {}\n  at step 60, positive on all {} seeds",
+         paired(S5, "algo=entropy20", "entropy_last", 4), len(s5)),
+        (R, "It also learns the training task more slowly: {} in training reward",
+         paired(S5, "algo=entropy20", "late_reward")),
+        (R, "Held-out accuracy does not resolve it yet\n  ({})", paired(S5, "algo=entropy20", "final_acc")),
+        # testbed-addition-60steps
+        (R, "(entropy {} -> {}-{} in 60 steps", mean(S60, "algo=grpo", "entropy_first"), num(min(s60_last), 3),
+         num(max(s60_last), 3)),
+        (R, "STAPO's paired difference to GRPO,\n{}, is {} and {} of 512 held-out samples",
+         paired(S60, "algo=stapo", "final_acc"),
+         *[str(round(512 * d)) for d in seed_deltas(S60, "algo=stapo", "final_acc")]),
+        # smollm2-arithmetic-4steps
+        (R, "one\nproblem is {} of the score, and a 64-problem accuracy has a binomial standard error of about {}",
+         num(1 / 64, 3), num((sm_acc * (1 - sm_acc) / 64) ** 0.5, 2)),
+        (R, "STAPO's paired difference to GRPO, {}, is {}, {} and {} problems fewer",
+         paired(SM, "algo=stapo", "final_acc"),
+         *[str(round(-64 * d)) for d in seed_deltas(SM, "algo=stapo", "final_acc")]),
+        (R, "that is t = {} on 2 degrees of freedom (two-sided p about {})", t_value(SM, "algo=stapo", "final_acc"),
+         num(2 * student_t_sf(abs(sm_d["mean"]) / sm_d["se"], 2), 2)),
+        (R, "its paired standard error\n({}) is as large as its difference",
+         num(paired_group(SM, "algo=entropy20")["diff"]["final_acc"]["se"], 3)),
+        # testbed-lr5e-5
+        (R, "The original leaned STAPO's way on {} seeds", higher_in(LR, "algo=stapo", "final_acc")),
+        # tailbed-t1, the decodings sets, the ablation
+        (R, "yet small and, at t = {} on 5 seeds, not a settled gain", t_value(TB, "algo=taco", "final_acc")),
+        (R, "(none of {} on the AMD EPYC, {} here)", len(tb_events), counted(tx_events, "explosion")),
+        (R, "TACO's held-out accuracy above JustRL's in {} of 10 seeds over the two builds",
+         sum(d > 0 for d in seed_deltas(TB, "algo=taco", "final_acc") + seed_deltas(TX, "algo=taco", "final_acc"))),
+        (R, "are each within about {} standard errors",
+         num(max(abs(d["mean"]) / d["se"] for d in vs_centre), 1)),
+        (R, "lower than\nJustRL's in {} seeds in each of the four cells", every),
+        (R, "no cell has a tail-driven\nexplosion (JustRL: {})", counted(ta_events, "tail")),
+        # docs/reproducibility.md: the builds on each kind of machine, from the measurement files it names
+        ("docs/reproducibility.md", "a greedy / T=1 held-out pass\nrate of {} / {}",
+         *rates("testbed-control-2026-11-28-xeon-avx512.json")),
+        ("docs/reproducibility.md", "against the AMD EPYC's\n{} / {}", *rates("testbed-control.json")),
+        ("docs/reproducibility.md", "a calibration beta of {} against {}",
+         beta["stapo_tailbed-2026-11-28-xeon-avx512.json"], beta["stapo_tailbed.json"]),
+        ("docs/reproducibility.md", "did not give the AMD EPYC's build either ({} /\n{},",
+         *rates("testbed-control-2026-11-28-xeon-avx2-capped.json")),
+        ("docs/reproducibility.md", "the last setting took {}x the first's time",
+         num(kinds["portable"]["seconds"] / kinds["native"]["seconds"], 1)),
+    ]
+
 
 QUOTES = [
     # README.md's summary of the recorded comparisons
@@ -816,6 +1018,9 @@ QUOTES = [
     *_ta_quotes(),
     (R, "(the testbed's ablation below could not separate its cells: the mask silenced {}-{} % of the tokens there)",
      *[num(f(100 * g["stats"]["mask_ratio"]["mean"] for g in load(TA)["groups"]), 3) for f in (min, max)]),
+    *_tc_quotes(),
+    *_summary_quotes(),
+    *_more_quotes(),
 ]
 # every seed's paired difference has the sign the reading says ("lower in each seed")
 LOWER_IN_EACH_SEED = [
@@ -826,6 +1031,8 @@ LOWER_IN_EACH_SEED = [
     (TL, "algo=grpo", "final_acc"),
     *[(TX, "algo=stapo", q) for q in ("tail_mass", "tail_mass_late", "norm_share", "entropy_last")],
     *[(TX, name, "tail_mass") for name in ("algo=taco", "algo=lopti")],
+    # "lower than JustRL's in each of the 8 seeds, as in each of the 10 seeds before" (the confirmatory TACO set)
+    *[(folder, "algo=taco", q) for folder in (TB, TX, TC) for q in ("tail_mass", "tail_mass_late", "entropy_last")],
     (TX, "algo=entropy20", "final_acc"),
     *[(TA_VS_JUSTRL, name, q) for name in TA_CELLS
       for q in ("tail_mass", "tail_mass_late", "norm_share", "entropy_peak")],
@@ -836,13 +1043,108 @@ def _id(entry) -> str:
     return entry[1].replace("{}", "_")[:60]
 
 
+def flat(text: str) -> str:
+    """Runs of white space as one space: a figure may be wrapped onto the next line."""
+    return " ".join(text.split())
+
+
+def places(doc: str) -> list[str]:
+    """Where a piece keyed to ``doc`` may stand: README.md's narrative moves, verbatim, to docs/findings.md."""
+    return [doc, FINDINGS] if doc == M else [doc]
+
+
+def read_doc(doc: str) -> str:
+    path = REPO / doc
+    return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+
 @pytest.mark.parametrize("entry", QUOTES, ids=[_id(e) for e in QUOTES])
 def test_a_quoted_figure_is_the_one_its_file_holds(entry):
     doc, text, *figures = entry
-    # compared with runs of white space as one space: a figure may be wrapped onto the next line
-    expected = " ".join(text.format(*figures).split())
-    content = " ".join((REPO / doc).read_text(encoding="utf-8").split())
-    assert expected in content, f"{doc} should say {expected!r}, recomputed from results/*/comparison.json"
+    expected = flat(text.format(*figures))
+    assert any(expected in flat(read_doc(place)) for place in places(doc)), (
+        f"{' or '.join(places(doc))} should say {expected!r}, recomputed from the files under results/")
+
+
+# What counts as a quoted figure (the module's docstring): a number with a decimal point, or a count ``k of n``
+FIGURE = re.compile(r"(?<![\w./-])[+-]?\d[\d,]*\.\d+(?=x\b|\.(?!\d)|[^\w.]|$)|\b\d+ of (?:the )?\d+\b")
+# a run's settings written as numbers: a figure inside a match is a setting, not a measurement
+SETTINGS = {
+    r"T=0\.7 / top-p=0\.9|T=0\.7|top-p=?\s?0\.9|temperature 0\.7": "the paper's second decoding (stapo.val_decodings)",
+    r"tau_p (?:= |in \{|from |between |\()?0\.\d+(?:(?:, | or | to | and )0\.\d+)?[})]?": "tau_p, a run's threshold",
+    r"\bq (?:= |in \{|from )?[01]\.\d+(?:(?:, | or | to )[01](?:\.\d+)?)?\}?": "q (entropy_quantile), a run's setting",
+    r"\((?:0\.002|0\.02), (?:0\.5|0\.75|1\.0)\)": "a (tau_p, q) cell's name",
+    r"tau_p \\ q \| 0\.5 \| 1\.0 \||\), 0\.0?02 \|": "the testbed ablation's table: q across, tau_p down",
+    r"clip \(?0\.2 ?/ ?0\.28?\)?": "the clip range (algo presets)",
+    r"(?:KL term|KL loss)[^.;|]{0,40}?0\.001|k3, 0\.001": "the KL coefficient (GRPO's preset)",
+    r"(?:at|alpha) 0\.05": "a registered test's level",
+    r"1 - 0\.9 \(1 - exp\(-r\)\)|log 0\.01|p < 0\.5": "TACO's and Lopti's constants (docs/algorithm.md)",
+    r"clip 0\.0003/0\.0004|capped at 1\.2": "GSPO's and CISPO's presets",
+}
+# figures from outside this project's files, each said so where it stands
+OUTSIDE = {
+    "+3.73 % against +11.49 %": "the paper's own figures (v4/v5), quoted as the paper's",
+    "1.1-1.8 %": "measured outside the project (issue 34), said so",
+    "about 0.01 % of tokens": "the paper's claim, quoted as the paper's",
+    "was reported at 0.96": "the first testbed build's pass rate in conf/model_preset/testbed.yaml's notes",
+}
+# every paragraph of results/README.md is results; elsewhere a paragraph that names a recorded set or results/
+WHOLLY = (R,)
+SETS = sorted(path.name for path in RESULTS.iterdir() if path.is_dir())
+NAMES_A_SET = re.compile(r"(?<![\w-])(?:results/|" + "|".join(map(re.escape, SETS)) + r")(?![\w-])")
+# docs whose figures another test recomputes from their own files
+CHECKED_ELSEWHERE = {
+    "docs/benchmarks-history.md": "benchmark measurements, recomputed by tests/benchmarks/test_testbed_scripts.py",
+}
+NOT_TEXT = re.compile(r"```.*?```|`[^`\n]*`|\]\([^)]*\)", re.S)
+
+
+def scanned_docs() -> list[str]:
+    docs = [R, M, *sorted(f"docs/{path.name}" for path in (REPO / "docs").glob("*.md"))]
+    return [doc for doc in docs if (REPO / doc).is_file() and doc not in CHECKED_ELSEWHERE]
+
+
+def unchecked_figures(doc: str, raw: str | None = None) -> list[str]:
+    """The figures of ``doc``'s results-bearing paragraphs (its text: ``raw``, default the file's) that no piece,
+    setting or outside figure accounts for."""
+    pieces = [flat(text.format(*figures)) for place, text, *figures in QUOTES if doc in places(place)]
+    allowed = [*SETTINGS, *map(re.escape, OUTSIDE)]
+    raw = read_doc(doc) if raw is None else raw
+    # code spans, fenced blocks and link targets hidden, their white space kept: both texts flatten to one length
+    hidden = NOT_TEXT.sub(lambda match: re.sub(r"\S", "\0", match.group(0)), raw)
+    found = []
+    for paragraph, masked in zip(re.split(r"\n\s*\n", raw), re.split(r"\n\s*\n", hidden), strict=True):
+        if doc not in WHOLLY and not NAMES_A_SET.search(paragraph):
+            continue
+        text, shown = flat(paragraph), flat(masked)
+        covered = [False] * len(text)
+        for pattern, where in [*((re.escape(piece), text) for piece in pieces), *((rule, shown) for rule in allowed)]:
+            for match in re.finditer(pattern, where):
+                covered[match.start():match.end()] = [True] * (match.end() - match.start())
+        for match in FIGURE.finditer(shown):
+            if not all(covered[match.start():match.end()]):
+                context = shown[max(0, match.start() - 70):match.end() + 20].replace("\0", "")
+                found.append(f"{doc}: {match.group(0)!r} in ...{context}...")
+    return found
+
+
+@pytest.mark.parametrize("doc", scanned_docs())
+def test_every_figure_in_the_docs_is_one_the_test_recomputes(doc):
+    """A figure (``FIGURE``) in a results-bearing paragraph stands in a piece of ``QUOTES``, a setting or an outside
+    figure; a figure added to a doc without a piece that recomputes it fails here."""
+    unchecked = unchecked_figures(doc)
+    assert not unchecked, "figures no piece of QUOTES recomputes:\n" + "\n".join(unchecked)
+
+
+def test_a_figure_added_without_a_piece_is_found():
+    """The scan is not vacuous: a new figure or count in results/README.md, or in a paragraph of another doc that
+    names a set, is reported; a setting, a figure in code, and a paragraph naming no set are not."""
+    added = ("\n\nIn tailbed-t1 STAPO's held-out accuracy is 0.8123 at T=0.7 / top-p=0.9, higher in 4 of 5 seeds "
+             "(`lr 0.25`).\n\nA paragraph about nothing recorded: 0.777.\n")
+    found = unchecked_figures(R, read_doc(R) + added)
+    assert [line.split(" in ")[0] for line in found] == [f"{R}: '0.8123'", f"{R}: '4 of 5'", f"{R}: '0.777'"]
+    found = unchecked_figures("docs/tailbed.md", read_doc("docs/tailbed.md") + added)
+    assert [line.split(" in ")[0] for line in found] == ["docs/tailbed.md: '0.8123'", "docs/tailbed.md: '4 of 5'"]
 
 
 def test_the_folders_recorded_before_the_like_with_like_rules_trained_every_run_to_the_same_step():
@@ -866,15 +1168,19 @@ def test_the_clip_never_acted_in_the_tailbed_cell():
     assert all(value == 0 for run in runs for value in run["series"]["pg_clipfrac"].values() if value is not None)
 
 
-@pytest.mark.parametrize("hit_a, n_a, hit_b, n_b", [(5, 8, 0, 8), (2, 8, 0, 8), (3, 5, 1, 6), (0, 4, 0, 4)])
-def test_the_fisher_p_value_is_the_share_of_relabellings_as_extreme(hit_a, n_a, hit_b, n_b):
-    """The quoted p-values' function against brute force: every way to place the runs with an event among all runs."""
+@pytest.mark.parametrize("hit_a, n_a, hit_b, n_b", [(5, 8, 0, 8), (2, 8, 0, 8), (6, 8, 0, 8), (4, 8, 0, 8),
+                                                     (3, 5, 1, 6), (0, 4, 0, 4), (2, 5, 0, 5)])
+def test_the_fisher_p_value_is_the_share_of_relabellings_no_more_likely(hit_a, n_a, hit_b, n_b):
+    """The quoted p-values' function (two-sided) against brute force: every way to place the runs with an event among
+    all runs, counting the placements whose table is no more likely than the one seen."""
+    from collections import Counter
     from itertools import combinations
 
     hits, total = hit_a + hit_b, n_a + n_b
-    placements = list(combinations(range(total), hits))
-    extreme = sum(sum(index < n_a for index in placed) >= hit_a for placed in placements)
-    assert fisher_one_sided(hit_a, n_a, hit_b, n_b) == pytest.approx(extreme / len(placements), rel=1e-12)
+    in_a = Counter(sum(index < n_a for index in placed) for placed in combinations(range(total), hits))
+    seen = in_a[hit_a]
+    extreme = sum(count for count in in_a.values() if count <= seen)
+    assert fisher_two_sided(hit_a, n_a, hit_b, n_b) == pytest.approx(extreme / sum(in_a.values()), rel=1e-12)
 
 
 NAMES = {"algo=justrl": "JustRL", "algo=grpo": "GRPO", "algo=entropy20": "20-Entropy", "algo=stapo": "STAPO",
@@ -897,7 +1203,8 @@ ARCHIVED_SETS = {
                                        "`runs/` keeps every one", "checkout of 0f9e5eb", 100),
     "tailbed-taco-confirm-xeon": ([f"{algo} seed {seed}" for algo in ("JustRL", "TACO")
                                    for seed in (10, 11, 12, 13, 6, 7, 8, 9)],
-                                  "All 16 runs finished on 2026-11-28;", "checkout of 64f12ad", 100),
+                                  "two at a time; `runs/` keeps every one. The test was run as registered",
+                                  "checkout of 64f12ad", 100),
 }
 
 
