@@ -68,12 +68,28 @@ def _plain(value: Any) -> Any:
     return value
 
 
+SWITCH_KEY = "stapo.seeded_rollouts"  # false: verl's own agent loop and replay order (conf/stapo_trainer.yaml)
+
+
+def seeded_rollouts(config) -> bool:
+    """``stapo.seeded_rollouts`` (absent: true); anything but a boolean is refused in one line."""
+    from omegaconf import OmegaConf
+
+    from stapo.validation import STAPOConfigError
+
+    value = OmegaConf.select(config, SWITCH_KEY, default=True)
+    if not isinstance(value, bool):
+        raise STAPOConfigError(f"{SWITCH_KEY} must be true or false (got {value!r})")
+    return value
+
+
 def pin_reproducibility(config) -> list[str]:
     """Driver side: the seeded agent loop and the submission-ordered replay buffer, unless chosen otherwise.
 
     Sets ``actor_rollout_ref.rollout.agent.default_agent_loop`` when it is verl's default
     ``single_turn_agent``, and ``trainer.v1.sampler.custom_sampler`` when none is set and the run
     uses neither DAPO group filtering nor failed-group refill (verl hands a custom sampler neither).
+    With ``stapo.seeded_rollouts=false`` it changes nothing: verl's own loop and replay order run.
     Returns the settings it changed, as ``key=value`` strings.
     """
     from omegaconf import OmegaConf
@@ -81,6 +97,8 @@ def pin_reproducibility(config) -> list[str]:
     from stapo.verl_plugin.replay_order import SAMPLER_NAME, SAMPLER_PATH
 
     changed = []
+    if not seeded_rollouts(config):
+        return changed
     agent_key = "actor_rollout_ref.rollout.agent.default_agent_loop"
     if OmegaConf.select(config, agent_key) in REPLACED_AGENT_LOOPS:
         OmegaConf.update(config, agent_key, AGENT_LOOP_NAME, force_add=True)

@@ -65,8 +65,9 @@ def enable_for_run(config) -> bool:
     the flag is set in this process and written into ``ray_kwargs.ray_init.runtime_env.env_vars``
     (every Ray worker imports verl, and with it this package, under that environment), the
     back-end is activated in the driver, and the run is made reproducible (``pin_reproducibility``:
-    seeded requests, batch in submission order). ``trainer.device=cpu`` on a CUDA machine without
-    the flag is refused: the CPU back-end replaces verl's platform and is never chosen by accident there.
+    seeded requests, batch in submission order; not with ``stapo.seeded_rollouts=false``).
+    ``trainer.device=cpu`` on a CUDA machine without the flag is refused: the CPU back-end replaces verl's
+    platform and is never chosen by accident there.
     """
     import torch
     from omegaconf import OmegaConf
@@ -97,11 +98,14 @@ def enable_for_run(config) -> bool:
         hide = os.environ.get(HIDE_VLLM_FLAG, "1")
         OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{HIDE_VLLM_FLAG}", hide, force_add=True)
     activate_if_requested()
-    from stapo.verl_plugin.seeding import pin_reproducibility
+    from stapo.verl_plugin.seeding import SWITCH_KEY, pin_reproducibility, seeded_rollouts
 
     # a CPU run is bit-for-bit reproducible (docs/reproducibility.md): seeded requests, batch in submission order
     for setting in pin_reproducibility(config):
         print(f"[stapo] CPU back-end, reproducible rollouts: {setting}", flush=True)
+    if not seeded_rollouts(config):
+        print(f"[stapo] CPU back-end: {SWITCH_KEY}=false, verl's own agent loop and replay order; the rollouts "
+              "depend on timing and the run is not reproducible", flush=True)
     return True
 
 
