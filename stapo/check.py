@@ -45,10 +45,13 @@ def compose_run(overrides: list[str]):
 
 
 def check_run(config, paths: bool = True) -> list[str]:
-    """Every driver-side check of a composed config; the notes of the path checks (what each path was taken as)."""
+    """Every driver-side check of a composed config; the notes of the path checks (what each path was taken as).
+    A CPU preset given another model, data or device is refused first: the other refusals would be about it."""
     from stapo.input_checks import check_inputs
+    from stapo.preset_fit import check_preset_fit
     from stapo.verl_plugin.run_checks import validate_run_config
 
+    check_preset_fit(config)
     validate_run_config(config)
     return check_inputs(config) if paths else []
 
@@ -62,6 +65,10 @@ def explain_composition_error(error: Exception, overrides: list[str]) -> str:
     from stapo.credentials import MASK, SECRET_CONFIG_KEY, redact_text
 
     text = str(error) + "\n" + str(error.__cause__ or "")
+    present = re.search(r"An item is already at '([^']+)'|Multiple values for ([\w.]+)\. To override", text)
+    if present:  # +key=value for a key the config has: Hydra's text is three lines; the fix is one word
+        key = present.group(1) or present.group(2)
+        return f"+{key}=...: drop the + : {key} exists in the config (+ adds a new key; {key}=VALUE sets it)"
     missing_key = re.search(r"Could not override '([^']+)'", text)
     if missing_key and ("not in struct" in text or "No match in the defaults list" in text):
         return _unknown_key(missing_key.group(1), overrides)
@@ -121,13 +128,57 @@ def main(argv: list[str]) -> int:
                         help="check the settings only, not the model and data paths (a cluster's config on a laptop)")
     args = parser.parse_args(argv)
     config = compose_run(args.overrides)
+    choices = composed_choices()
     notes = check_run(config, paths=not args.no_paths)
     if args.print_config:
         print(resolved_yaml(config), end="")
     for note in notes:
         print(f"[stapo] {note}")
+    for line in run_summary(config, choices):
+        print(f"[stapo] {line}")
     print("OK")
     return 0
+
+
+def composed_choices() -> dict[str, str]:
+    """The config groups' options of the last :func:`compose_run` (``model_preset``, ``algo``, ``logger``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    choices = HydraConfig.get().runtime.choices
+    return {str(group): str(option) for group, option in choices.items() if not str(group).startswith("hydra")}
+
+
+def run_summary(config, choices: dict[str, str]) -> list[str]:
+    """The values a user looks at first, resolved: which preset, where, what model, how much, which reward."""
+    from omegaconf import OmegaConf
+
+    def get(key: str, default=None):
+        return OmegaConf.select(config, key, default=default)
+
+    device, nodes, per_node = get("trainer.device"), get("trainer.nnodes"), get("trainer.n_gpus_per_node")
+    units = "GPU" if device in ("cuda", "npu") else "worker"
+    steps = get("trainer.total_training_steps")
+    epochs = get("trainer.total_epochs")
+    rollout = get("actor_rollout_ref.rollout")
+    reward = get("reward.custom_reward_function.path")
+    if get("reward.reward_model.enable", False):
+        reward_text = f"reward model {get('reward.reward_model.model_path')}"
+    elif reward:
+        reward_text = f"{reward} ({get('reward.custom_reward_function.name') or 'compute_score'})"
+    else:
+        reward_text = "verl's default_compute_score, by data_source"
+    batch = (f"batch: {get('data.train_batch_size')} prompts x {rollout.n} samples, responses up to "
+             f"{get('data.max_response_length')} tokens")
+    return [
+        f"preset: model_preset={choices.get('model_preset')}, algo={choices.get('algo')}",
+        f"device: {device}, {nodes} node{'s' * (nodes != 1)} x {per_node} {units}{'s' * (per_node != 1)}",
+        f"model: {get('actor_rollout_ref.model.path')}",
+        batch,
+        (f"steps: {steps}" if steps is not None else f"steps: trainer.total_epochs={epochs} pass(es) over the data")
+        + validation_text(get("trainer.test_freq", -1), get("trainer.val_before_train", True)),
+        f"rollout: {rollout.name} ({rollout.mode}, tensor parallel {rollout.tensor_model_parallel_size})",
+        f"reward: {reward_text}",
+    ]
 
 
 def resolved_yaml(config) -> str:
@@ -140,3 +191,10 @@ def resolved_yaml(config) -> str:
     except OmegaConfBaseException as error:
         raise STAPOConfigError(f"cannot resolve the config: {str(error).splitlines()[0]}") from None
 
+
+
+def validation_text(test_freq, before: bool) -> str:
+    """``, validated every 10 steps and before training`` (what the steps' time leaves out)."""
+    parts = [f"every {test_freq} steps and at the last"] if test_freq and test_freq > 0 else []
+    parts += ["before training"] if before else []
+    return f", validated {' and '.join(parts)}" if parts else ", no validation"

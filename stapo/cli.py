@@ -13,11 +13,13 @@ import sys
 import threading
 
 COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("stapo.train_cli", "the recipe (python -m recipe.stapo.main_stapo, same overrides) on any device, one "
+              "progress line a step with an ETA"),
     "demo": ("stapo.demo.cli", "train a real small model with STAPO on CPU, with progress and plots"),
     "plot": ("stapo.runs.plot", "draw reward / entropy / mask-ratio plots from run folders, grouped with seed bands"),
     "sweep": ("stapo.sweep.cli", "run a grid of overrides x seeds, one run folder each, and compare them"),
     "compare": ("stapo.runs.compare_cli", "the comparison a sweep writes, over any run folders (e.g. from two sets)"),
-    "data": ("stapo.data.cli", "prepare DAPO-Math-17k and the six benchmarks in verl's parquet format"),
+    "data": ("stapo.data.cli", "the paper's data sets, or your own file (`custom`), in verl's parquet format"),
     "eval": ("stapo.eval.cli", "avg@N evaluation of a checkpoint on the paper's benchmarks"),
     "export": ("stapo.export", "a saved checkpoint step as a Hugging Face model folder with a model card"),
     "check": ("stapo.check", "compose the recipe's config from overrides and run every check a run makes before Ray"),
@@ -26,13 +28,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 # the commands that run trainers as children in sessions of their own (stapo/runs/process.py)
-STARTS_TRAINERS = {"demo", "sweep"}
+STARTS_TRAINERS = {"demo", "sweep", "train"}
 
 
 def _usage() -> str:
     lines = ["usage: stapo <command> [options]", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "`stapo <command> --help` describes each command's options."]
+    lines += ["", "`stapo <command> --help` describes each command's options;",
+              "`stapo --version` (-V) prints the version."]
     return "\n".join(lines)
 
 
@@ -40,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(_usage())
+        return 0
+    if argv[0] in {"-V", "--version"}:
+        print(version_line())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
@@ -61,6 +67,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def version_line() -> str:
+    """``stapo 0.1.0 (verl 0.9.1)``: this package's version and the verl it runs on, read from the installed
+    packages' metadata (nothing imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import stapo
+
+    try:
+        verl = f" (verl {version('verl')})"
+    except PackageNotFoundError:
+        verl = " (verl not installed)"
+    return f"stapo {stapo.__version__}{verl}"
 
 
 def _interrupt(signum, frame):

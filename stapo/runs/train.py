@@ -21,7 +21,7 @@ from pathlib import Path
 import stapo
 from stapo.rundir import METRICS_NAME, parse_metric_lines
 from stapo.runs.process import recipe_command, run_recipe_process
-from stapo.runs.progress import Progress, format_duration
+from stapo.runs.progress import Progress, SweepClock, format_duration
 
 HEARTBEAT_S = 60.0
 
@@ -94,11 +94,31 @@ def say(line: str) -> None:
     print(line + "\n", end="", flush=True)
 
 
-def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: str, echo: bool = False) -> TrainResult:
-    """Run ``main_stapo`` with ``overrides``; stream progress; return when it exits."""
+def progress_plan(config) -> tuple[int, int]:
+    """(steps, ``trainer.test_freq``) of a composed config, for its progress lines: the steps it will train (0 when
+    the data's rows are not known here) and how often it validates."""
+    from omegaconf import OmegaConf
+
+    from stapo.input_checks import planned_steps
+
+    steps = planned_steps(config)
+    return steps or 0, int(OmegaConf.select(config, "trainer.test_freq", default=-1) or 0)
+
+
+def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: str, echo: bool = False, *,
+                test_freq: int = 0, sweep: SweepClock | None = None, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> TrainResult:
+    """Run ``main_stapo`` with ``overrides``; stream progress; return when it exits.
+
+    ``test_freq``: the run's ``trainer.test_freq``, for an ETA that counts its validations; ``sweep``: the sweep's
+    clock, for its overall ETA on each line; ``cwd``: where the recipe runs (default the run folder; ``stapo
+    train`` keeps the caller's, so relative paths in the overrides mean what they say); ``env``: added to the
+    child's environment."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / "trainer.log"
-    progress = Progress(total_steps, label)
+    progress = Progress(total_steps, label, test_freq=test_freq)
+    if sweep is not None:
+        sweep.start(progress)
     follower = MetricsFollower(run_dir)
     steps: dict[int, dict[str, float]] = {}
     last_output = [time.monotonic()]
@@ -127,9 +147,11 @@ def run_trainer(overrides: list[str], run_dir: Path, total_steps: int, label: st
                 last_output[0] = time.monotonic()
 
         try:
-            run = run_recipe_process(overrides, on_line=on_line, on_tick=on_tick, cwd=run_dir)
+            run = run_recipe_process(overrides, on_line=on_line, on_tick=on_tick, cwd=cwd or run_dir, env=env)
         except KeyboardInterrupt:
             print(f"\n[{label}] interrupted: the trainer was stopped (checkpoints so far are kept)", flush=True)
             raise
     report_new_steps()  # the lines written after the last tick
+    if sweep is not None:
+        sweep.finish(progress, run.seconds)
     return TrainResult(run.returncode, run.seconds, run.peak_rss_bytes, steps, log_path)

@@ -102,7 +102,10 @@ def total_steps(overrides: list[str]) -> int:
     return 0
 
 
-def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
+def run_local(run: PlannedRun, common: list[str], echo: bool, plan: tuple[int, int] | None = None,
+              clock=None) -> int:
+    """One run here; ``plan``: its (steps, test_freq) from its composed config (else the steps of the overrides),
+    ``clock``: the sweep's :class:`~stapo.runs.progress.SweepClock`, for the overall ETA."""
     from stapo.runs.train import run_trainer
 
     overrides = run.overrides(common)
@@ -112,7 +115,8 @@ def run_local(run: PlannedRun, common: list[str], echo: bool) -> int:
     write_record(run, launcher="local", overrides=overrides, started_at=started_at, segments_s=segments,
                  machine=machine)
     label = f"{run.cell} seed {run.seed}"
-    result = run_trainer(overrides, run.run_dir, total_steps(overrides), label, echo=echo)
+    steps, test_freq = plan or (total_steps(overrides), 0)
+    result = run_trainer(overrides, run.run_dir, steps, label, echo=echo, test_freq=test_freq, sweep=clock)
     segments.append(round(result.seconds, 1))
     written = read_machine(run.run_dir)  # by the trainer's driver: the kind that built its model too
     write_record(
@@ -190,7 +194,8 @@ def compare(
     return written
 
 
-def run_all(args: argparse.Namespace, runs: list[PlannedRun], common: list[str]) -> list[PlannedRun]:
+def run_all(args: argparse.Namespace, runs: list[PlannedRun], common: list[str],
+            plans: dict[Path, tuple[int, int]] | None = None) -> list[PlannedRun]:
     """Every unfinished run, here (``--max-parallel`` at once) or as Ray jobs; returns the runs that failed."""
     from stapo.runs.train import repo_root
 
@@ -202,7 +207,7 @@ def run_all(args: argparse.Namespace, runs: list[PlannedRun], common: list[str])
         else:
             todo.append((head, run))
     if todo and args.launcher == "local":
-        failed += run_local_sweep(todo, common, args.echo, args.max_parallel)
+        failed += run_local_sweep(todo, common, args.echo, args.max_parallel, plans)
     elif todo:
         from stapo.sweep.ray_launcher import run_ray_sweep
 
@@ -212,23 +217,28 @@ def run_all(args: argparse.Namespace, runs: list[PlannedRun], common: list[str])
 
 
 def run_local_sweep(
-    todo: list[tuple[str, PlannedRun]], common: list[str], echo: bool, max_parallel: int
+    todo: list[tuple[str, PlannedRun]], common: list[str], echo: bool, max_parallel: int,
+    plans: dict[Path, tuple[int, int]] | None = None,
 ) -> list[PlannedRun]:
     """The runs on this machine in the plan's order, ``max_parallel`` trainer processes at a time; the failed
     ones. Each run's numbers are the same alone or beside another (the CPU trainer does not depend on the
     load, docs/reproducibility.md): running two at once only shares the cores (a CPU run keeps about 1.3 of
-    them busy, so two on two cores finish a sweep sooner; the wall times then count the sharing)."""
+    them busy, so two on two cores finish a sweep sooner; the wall times then count the sharing). Each progress
+    line ends with the sweep's overall ETA (``plans``: each run's steps and test_freq, from its composed config)."""
     import threading
 
+    from stapo.runs.progress import SweepClock
     from stapo.runs.train import say
 
     interrupted = threading.Event()
+    clock = SweepClock(len(todo), max_parallel)
 
     def one(head: str, run: PlannedRun) -> PlannedRun | None:
         if interrupted.is_set():  # taken from the queue as the sweep was being stopped
             return run
-        say(f"{head}: running in {run.run_dir}")
-        returncode = run_local(run, common, echo)
+        eta = f" (sweep ETA {clock.eta()})" if clock.finished_seconds else ""
+        say(f"{head}: running in {run.run_dir}{eta}")
+        returncode = run_local(run, common, echo, (plans or {}).get(run.run_dir), clock)
         if returncode != 0:
             if not interrupted.is_set():
                 say(f"{head}: exit code {returncode} (see {run.run_dir / 'trainer.log'})")
@@ -361,19 +371,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_cells(runs: list[PlannedRun], common: list[str], paths: bool) -> None:
+def check_cells(runs: list[PlannedRun], common: list[str], paths: bool) -> list:
     """The recipe's own checks (``stapo check``) on every run of the grid, before the first one starts: a cell
     the recipe would refuse (an unknown algorithm, a bad value) is refused now, naming the cell, instead of
     failing when its turn comes. ``paths``: also the model and data files (they are on this machine for a
-    local sweep; on a cluster's nodes for ``--launcher ray``)."""
+    local sweep; on a cluster's nodes for ``--launcher ray``). The composed configs, in the order of ``runs``."""
     from stapo.check import check_run, compose_run
     from stapo.validation import STAPOConfigError
 
+    configs = []
     for run in runs:
         try:
-            check_run(compose_run(run.overrides(common)), paths=paths)
+            configs.append(compose_run(run.overrides(common)))
+            check_run(configs[-1], paths=paths)
         except STAPOConfigError as error:
             raise STAPOConfigError(f"sweep cell {run.cell} seed {run.seed}: {error}") from None
+    return configs
 
 
 def main(argv: list[str]) -> int:
@@ -405,14 +418,18 @@ def main(argv: list[str]) -> int:
             )
     common = list(args.overrides)
     meta = {"command": "stapo sweep " + shlex.join(argv), "grid": {a.key: list(a.values) for a in axes}}
+    plans = {}
     if not args.compare_only and not args.no_check:
-        check_cells(runs, common, paths=args.launcher == "local")
+        from stapo.runs.train import progress_plan
+
+        configs = check_cells(runs, common, paths=args.launcher == "local")
+        plans = {run.run_dir: progress_plan(config) for run, config in zip(runs, configs, strict=True)}
     if args.dry_run:
         for run in runs:
             state = "done" if is_finished(run.run_dir) else "to run"
             print(f"[{state}] python -m recipe.stapo.main_stapo {shlex.join(run.overrides(common))}")
         return 0
-    failed = [] if args.compare_only else run_all(args, runs, common)
+    failed = [] if args.compare_only else run_all(args, runs, common, plans)
     if args.archive is not None:
         archive(runs, args.out, args.archive)
     from stapo.runs.compare import ComparisonError

@@ -117,6 +117,8 @@ def report_progress(flight: Flight) -> None:
     if not flight.progress.total_steps:
         total = config_value(flight.run.run_dir, "trainer.total_training_steps")
         flight.progress.total_steps = total if isinstance(total, int) else 0
+        test_freq = config_value(flight.run.run_dir, "trainer.test_freq")  # the ETA counts validations too
+        flight.progress.test_freq = test_freq if isinstance(test_freq, int) else 0
     for step in sorted(set(steps) - flight.steps_seen):
         flight.steps_seen.add(step)
         print(flight.progress.line(step, steps[step]), flush=True)

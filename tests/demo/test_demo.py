@@ -129,6 +129,10 @@ def test_demo_rejects_bad_settings_before_loading_anything():
         (["--compare", "stapo"], "stapo: demo: --compare stapo repeats --algo stapo"),
         (["--level", "hard"], "stapo: demo: --level applies to the arithmetic task"),
         (["--analyze", "--model", "testbed"], "stapo: demo: --analyze runs on the arithmetic word problems"),
+        # a bare name is neither a folder nor an org/name hub id: refused before Ray, not downloaded as a legacy id
+        (["--model", "qwen"], "stapo: demo: --model qwen: not one of ['testbed', 'smollm2', 'tailbed'], nor a model "
+         "folder here, nor a hub id of the form org/name"),
+        (["--model", "testbd"], "(did you mean 'testbed'?)"),
     ):
         proc = subprocess.run(
             [sys.executable, "-m", "stapo.cli", "demo", *args], check=False, capture_output=True, text=True, timeout=120
@@ -169,3 +173,18 @@ def test_a_tailbed_runs_as_its_preset_with_the_testbeds_task(tmp_path, model):
     assert config.trainer.test_freq == 20 and config.trainer.val_before_train is True
     assert config.actor_rollout_ref.actor.optim.optimizer == "GainAdamW"
     assert "tailbed" in compose_run(["model_preset=tailbed"]).actor_rollout_ref.model.path
+
+
+def test_demo_model_choices_a_stapo_name_a_hub_id_or_a_folder(tmp_path):
+    """``stapo://testbed`` is the testbed, run as its preset; an org/name hub id and an existing folder of any name
+    pass the choice (the folder's and the id's own checks follow); a bare name does not."""
+    from stapo.demo.cli import build_parser, check_model_choice, demo_model, fill_defaults
+    from stapo.validation import STAPOConfigError
+
+    args = fill_defaults(build_parser().parse_args(["--model", "stapo://testbed"]))
+    assert args.model == "testbed" and demo_model(args).preset == "testbed"
+    check_model_choice("HuggingFaceTB/SmolLM2-135M-Instruct")
+    (tmp_path / "qwen").mkdir()
+    check_model_choice(str(tmp_path / "qwen"))
+    with pytest.raises(STAPOConfigError, match="--model qwen: not one of"):
+        check_model_choice("qwen")
