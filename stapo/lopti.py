@@ -24,5 +24,7 @@ def phase_masks(response_mask: torch.Tensor, low: torch.Tensor) -> tuple[torch.T
     """``response_mask`` (the policy-gradient sum) of the first and of the second update, dtype kept.
 
     Only the sum is split: the token count (``loss_mask``) stays whole in both, as the authors zero the other
-    tokens' advantages and keep every token in the mean, so the two updates' losses add up to the usual one."""
+    tokens' advantages and keep every token in the mean, so the two updates' losses add up to the usual one under
+    every aggregation mode: ``masked_clip`` hands the count to verl's ``agg_loss``, whose ``seq-mean-token-mean``
+    would otherwise divide each response by its phase's tokens (docs/algorithm.md section 3)."""
     return response_mask.masked_fill(~low, 0), response_mask.masked_fill(low, 0)

@@ -19,6 +19,47 @@ from stapo.validation import STAPOConfigError
 
 LOG_RATIO_LIMIT = 20.0  # same clamp as verl, so exp() cannot overflow on a stale old_log_prob
 
+# verl 0.9.1's aggregation modes (``agg_loss``, ``ActorConfig``'s list)
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# the modes that divide each sequence by its own token count, which ``agg_loss`` takes from the mask it is handed
+PER_SEQUENCE_COUNT_MODES = ("seq-mean-token-mean",)
+# losses that average over each response's summed tokens whatever ``loss_agg_mode`` says (sapo hard-codes
+# seq-mean-token-mean; gspo, geo_mean and gmpo take a per-response mean of the token log-ratios)
+SEQUENCE_LEVEL_LOSSES = ("gspo", "sapo", "geo_mean", "gmpo")
+MASKED_CLIP = "masked_clip"  # stapo.verl_plugin.losses.LOSS_NAME, without importing verl here
+
+
+def check_aggregation(
+    rule: str | None, loss_mode: str, loss_agg_mode: str, regularised: bool, prefix: str = "actor_rollout_ref.actor."
+) -> None:
+    """Refuse the (rule, loss, mode) pairs that would not train the rule's objective (docs/algorithm.md section 3).
+
+    ``rule`` names the setting that keeps some tokens in the count but out of the sum (Lopti's phases,
+    20-Entropy's ``entropy_denominator: all``), None when the sum and the count are one mask (every mode is
+    exact then). ``masked_clip`` hands ``agg_loss`` the count: exact under every mode. Refused: a
+    sequence-level loss (its per-response mean runs over the summed tokens only); under
+    ``seq-mean-token-mean``, another loss (verl's losses count each sequence over ``response_mask``) and, with
+    ``regularised`` (a KL loss or an entropy bonus), ``masked_clip`` too: verl adds those terms averaged
+    over each sequence's summed tokens."""
+    if rule is None:
+        return
+    rule = prefix + rule
+    if loss_mode in SEQUENCE_LEVEL_LOSSES:
+        raise STAPOConfigError(
+            f"{prefix}policy_loss.loss_mode={loss_mode} with {rule} must be {MASKED_CLIP} or a token-level loss: "
+            f"{loss_mode} averages each response over the tokens it sums, so the tokens counted but not summed "
+            "would not be counted"
+        )
+    if loss_agg_mode in PER_SEQUENCE_COUNT_MODES and (loss_mode != MASKED_CLIP or regularised):
+        allowed = [mode for mode in LOSS_AGG_MODES if mode not in PER_SEQUENCE_COUNT_MODES]
+        why = (
+            f"verl's {loss_mode} loss" if loss_mode != MASKED_CLIP else "verl's KL loss and entropy bonus (on here)"
+        )
+        raise STAPOConfigError(
+            f"{prefix}loss_agg_mode={loss_agg_mode} with {rule} must be one of {allowed}: {why} would divide "
+            "each sequence by the tokens it sums, not by those it counts (another objective)"
+        )
+
 
 def clipped_pg_losses(
     old_log_prob: torch.Tensor,

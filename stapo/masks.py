@@ -139,6 +139,17 @@ class MaskSettings:
         return self.token_mask != "none" and self.source == "old"
 
     @property
+    def count_only_rule(self) -> str | None:
+        """The setting that keeps some response tokens in the loss's count but out of its sum (Lopti's other
+        phase, 20-Entropy's ``entropy_denominator: all``), None when the sum and the count are one mask;
+        ``stapo.loss.check_aggregation`` says under which aggregation modes that is exact."""
+        if self.lopti:
+            return "policy_loss.lopti=true"
+        if self.token_mask == "entropy20" and self.entropy_denominator == "all":
+            return "policy_loss.token_mask=entropy20 and entropy_denominator=all"
+        return None
+
+    @property
     def in_loss(self) -> bool:
         """Whether the loss builds this mask from the update forward (``source: current``)."""
         return self.token_mask != "none" and self.source == "current"

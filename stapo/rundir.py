@@ -11,10 +11,10 @@ Set ``stapo.run_dir=PATH`` on any run (CPU demo or GPU cluster) and it holds:
 
 verl's file logger truncates its file when it opens it, so a resumed run would erase the metrics
 of the steps before the restart: ``rotate_metrics`` renames an existing ``metrics.jsonl`` to
-``metrics.prev-N.jsonl`` first, and ``read_metrics`` merges the segments (a step logged again after
-a resume replaces the earlier line). A segment may be gzipped (``metrics.jsonl.gz``,
-``metrics.prev-N.jsonl.gz``): ``stapo sweep --archive`` keeps finished runs so, small enough for git, and
-every reader reads them as it reads the plain files.
+``metrics.prev-N.jsonl`` first, and ``read_metrics`` merges the segments step by step (a step logged
+again after a resume: the later segment's record replaces the earlier one's whole). A segment may be
+gzipped (``metrics.jsonl.gz``, ``metrics.prev-N.jsonl.gz``): ``stapo sweep --archive`` keeps finished
+runs so, small enough for git, and every reader reads them as it reads the plain files.
 
 Pure: file names and readers only. Pointing verl's loggers at the folder (their environment
 variables, ``trainer.logger``) is verl knowledge and lives in ``stapo.verl_plugin.loggers``.
@@ -93,8 +93,12 @@ def read_metrics(run_dir: str | Path) -> dict[int, dict[str, float]]:
         raise FileNotFoundError(f"{run_dir}: no {METRICS_NAME} (was the run started with stapo.run_dir set?)")
     for path in segments:
         unreadable: list[int] = []
+        segment: dict[int, dict[str, float]] = {}
         for step, data in parse_metric_lines(read_segment(path), unreadable):
-            steps.setdefault(step, {}).update(data)
+            segment.setdefault(step, {}).update(data)  # one segment's lines of a step are one record
+        # a step logged again after a resume: the later segment's record replaces the earlier one whole, so no
+        # key only the earlier segment logged survives beside the later segment's values
+        steps.update(segment)
         if unreadable:
             shown = ", ".join(map(str, unreadable[:5])) + (", ..." if len(unreadable) > 5 else "")
             print(f"stapo: warning: {path}: {len(unreadable)} line(s) are not metric records, skipped (line {shown})",

@@ -30,6 +30,7 @@ configs (no verl, no torch).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -156,8 +157,8 @@ def summarize_group(
     ]
     stats = {}
     for quantity in QUANTITIES:
-        mean, se, n = mean_se([s.values[quantity] for s in summaries])
-        stats[quantity] = {"mean": mean, "se": se, "n": n}
+        values = [s.values[quantity] for s in summaries]
+        stats[quantity] = mean_se_entry(values)
     all_steps = sorted({step for s in summaries for step in s.entropy})
     trajectory = {"step": [], "mean": [], "se": [], "n": []}
     for step in all_steps:
@@ -176,6 +177,45 @@ def summarize_group(
         "runs": per_run,
         "events": group_events(per_run),
     }
+
+
+def mean_se_entry(values: list[float | None]) -> dict:
+    """``{mean, se, n}`` over the finite values (``mean_se``), and ``nonfinite``, where some values are numbers but
+    not finite: how many runs the mean leaves out although they have a value (the tables say so)."""
+    mean, se, n = mean_se(values)
+    entry = {"mean": mean, "se": se, "n": n}
+    if nonfinite := sum(1 for value in values if value is not None and not math.isfinite(value)):
+        entry["nonfinite"] = nonfinite
+    return entry
+
+
+# the steps of one key a warning lists before it counts the rest
+SHOWN_STEPS = 5
+
+
+def nonfinite_warnings(summary: list[dict]) -> tuple[list[dict], list[str]]:
+    """Every non-finite value the compared runs' values were read from, by name: ``(records, warnings)``, a record
+    ``{group, seed, run_dir, step, key}`` each, and one warning line per run naming its keys and steps."""
+    records, warnings = [], []
+    for group in summary:
+        for run in group["runs"]:
+            found = run.get("nonfinite") or []
+            if not found:
+                continue
+            by_key: dict[str, list[int]] = {}
+            for item in found:
+                records.append({"group": group["group"], "seed": run["seed"], "run_dir": run["run_dir"], **item})
+                by_key.setdefault(item["key"], []).append(item["step"])
+            named = "; ".join(
+                f"{key} at step {', '.join(map(str, steps[:SHOWN_STEPS]))}"
+                + (f" (+{len(steps) - SHOWN_STEPS} more)" if len(steps) > SHOWN_STEPS else "")
+                for key, steps in by_key.items()
+            )
+            warnings.append(
+                f"run {run['run_dir']} (group {group['group']}, seed {run['seed']}) logged non-finite values, which "
+                f"leave the run out of every mean they enter (its cells say n=... of ...): {named}"
+            )
+    return records, warnings
 
 
 def paired_differences(summary: list[dict], baseline: str) -> list[dict]:
@@ -200,8 +240,7 @@ def paired_differences(summary: list[dict], baseline: str) -> list[dict]:
                 for run, ref in pairs
                 if run[quantity] is not None and ref[quantity] is not None
             ]
-            mean, se, n = mean_se(deltas)
-            diff[quantity] = {"mean": mean, "se": se, "n": n}
+            diff[quantity] = mean_se_entry(deltas)
         comparable = entropy_is_token_mean(group) and entropy_is_token_mean(summary[names.index(baseline)])
         out.append({"group": group["group"], "seeds": [run["seed"] for run, _ in pairs], "diff": diff,
                      "entropy_token_mean": comparable})
@@ -247,6 +286,9 @@ def build_comparison(
         "events_rule": RULE,
         "groups": summary,
     }
+    document["nonfinite"], nonfinite = nonfinite_warnings(summary)
+    if nonfinite:
+        document["warnings"] = [*document.get("warnings", []), *nonfinite]
     found = settings_differences(selection.groups, summary[0]["group"] if baseline is None else baseline)
     document["settings"] = found
     if (mixed := mixed_warning(found)) is not None:

@@ -8,6 +8,10 @@ ended (results/tailbed-lr5e-5/COMMAND) and kept fixed here so that no comparison
 - an **explosion**: a step, 2 or later, whose mean entropy of a response token is above ``EXPLOSION`` times the
   run's step-1 value;
 - a **collapse**: such a step below ``COLLAPSE`` times it;
+- a step whose mean entropy is **not a finite number** (NaN, infinite) is an explosion at that step: the
+  entropy has left the numbers, which is what an explosion is, and a comparison (NaN > x is false) would
+  otherwise count the worst run as calm. When step 1's own entropy is not finite, step 1 is that explosion
+  and no collapse can be measured against it;
 - an explosion is **tail-driven** when at that step the probability mass a position puts on tokens the task never
   needs (``actor/stapo/tail/unused_mass_mean``) is above ``TAIL`` times its step-1 value (runs of a model without
   such tokens log none: their explosions are neither tail-driven nor not).
@@ -19,7 +23,7 @@ said in advance which group should have fewer). Pure Python on the comparison's 
 
 from __future__ import annotations
 
-from math import comb
+from math import comb, isfinite
 
 EXPLOSION = 2.0
 COLLAPSE = 0.5
@@ -31,13 +35,17 @@ RULE = {"explosion_above": EXPLOSION, "collapse_below": COLLAPSE, "tail_above": 
 def run_events(entropy: dict[int, float], tail_mass: dict[int, float]) -> dict[str, list[int] | None]:
     """The steps of each kind of event of one run, from its per-step mean entropy and unused-token mass (up to the
     compared step). A kind is None where the run cannot show it: no entropy at step 1 (no kind), no tail mass at
-    step 1 (``tail_driven``)."""
+    step 1 (``tail_driven``), a non-finite entropy at step 1 (``collapse``). A non-finite entropy is an explosion."""
     if 1 not in entropy:
         return dict.fromkeys(KINDS)
     first = entropy[1]
     later = sorted(step for step in entropy if step >= 2)
-    explosion = [step for step in later if entropy[step] > EXPLOSION * first]
-    collapse = [step for step in later if entropy[step] < COLLAPSE * first]
+    if not isfinite(first):  # nothing to measure against: every non-finite step is an explosion, step 1 first
+        explosion = [1, *(step for step in later if not isfinite(entropy[step]))]
+        collapse = None
+    else:
+        explosion = [step for step in later if not isfinite(entropy[step]) or entropy[step] > EXPLOSION * first]
+        collapse = [step for step in later if isfinite(entropy[step]) and entropy[step] < COLLAPSE * first]
     tail_driven = None
     if 1 in tail_mass:
         tail_driven = [step for step in explosion if step in tail_mass and tail_mass[step] > TAIL * tail_mass[1]]
@@ -100,7 +108,8 @@ def events_table(groups: list[dict], baseline: str | None) -> str:
         f"\nEntropy events (stapo/runs/events.py, a rule fixed before the runs it was first used on): a step, 2 or "
         f"later, whose mean entropy of a response token is above {EXPLOSION:g}x the run's step-1 value is an "
         f"explosion, below {COLLAPSE:g}x a collapse; an explosion is tail-driven when the unused-token mass a position "
-        f"is above {TAIL:g}x its step-1 value at that step. Runs with at least one, of those that can show it, and "
+        f"is above {TAIL:g}x its step-1 value at that step; a step whose mean entropy is not a finite number is an "
+        "explosion. Runs with at least one, of those that can show it, and "
         "their seeds; p: Fisher's exact test, two-sided, on the runs with and without one, unpaired.\n"
     )
     return "\n".join(rows) + "\n" + note

@@ -27,6 +27,8 @@ Per run, at step ``at``:
   held-out accuracy of the extra validation pass at that setting (``stapo.val_decodings``, logged as
   ``val@<name>/average/acc``) at step 0 and at the last shared held-out step; None where the run has none;
 - ``events``: the steps of its entropy events (``stapo.runs.events``: explosion, tail-driven, collapse);
+- ``nonfinite``: the (step, key) of every non-finite value among the metrics these are read from, up to ``at``
+  (the comparison warns of each: such a value makes the run's value NaN, and the mean leaves the run out);
 - ``wall_s``: the sweep's own clock summed over the run's segments (a resumed run's restarts included)
   when every compared run ran to its end at ``at``, else the logged step times up to ``at``.
 
@@ -39,7 +41,7 @@ Pure Python on the run folders' metrics (no verl, no torch).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stapo.eval.core import DECODING
 from stapo.eval.val_metrics import benchmark_val_metrics, decoding_key
@@ -95,6 +97,22 @@ SERIES = {
 }
 
 
+# every metric a run's values above are read from: a non-finite value of one of them, at a compared step, is named
+# in the comparison's warnings (a NaN makes the run's value NaN, and mean_se leaves the run out of its group's n)
+COMPARED_KEYS = tuple(dict.fromkeys((
+    ACC, *REWARD, ENTROPY_TOKEN_MEAN, ENTROPY, MASK, *GRAD_BOUND, STEP_TIME, TAIL_MASS, TAIL_MASS_MAX, ENTROPY_MAX,
+    NORM_SHARE, *DECODING_ACC.values(), *SERIES.values(),
+)))
+
+
+def nonfinite_values(steps: dict[int, dict[str, float]], keys=COMPARED_KEYS) -> list[tuple[int, str]]:
+    """``(step, key)`` of every value of ``keys`` in ``steps`` that is not a finite number, in step order."""
+    return [
+        (step, key) for step in sorted(steps) for key in keys
+        if key in steps[step] and not math.isfinite(steps[step][key])
+    ]
+
+
 def accuracy_series(steps: dict[int, dict[str, float]]) -> dict[int, float]:
     """Held-out accuracy per validated step: ``val/average/acc``, else derived from ``val-core/...`` keys."""
     out = {}
@@ -144,6 +162,9 @@ def last_steps(series: dict[int, float], at: int, count: int) -> dict[int, float
 
 
 def step_max(series: dict[int, float]) -> float | None:
+    """The largest value; NaN when one is NaN (``max`` would keep or drop it by its place in the series)."""
+    if any(math.isnan(value) for value in series.values()):
+        return math.nan
     return max(series.values()) if series else None
 
 
@@ -187,6 +208,7 @@ class RunSummary:
     entropy_agg: str  # the run's loss_agg_mode ("None": no config.yaml beside the metrics)
     series: dict[str, dict[int, float]]
     events: dict[str, list[int] | None]  # stapo.runs.events.run_events, up to ``at``
+    nonfinite: list[tuple[int, str]] = field(default_factory=list)  # (step, key): non-finite values read, up to at
 
     def to_json(self) -> dict:
         return {
@@ -200,6 +222,7 @@ class RunSummary:
             "entropy_token_mean": self.entropy_token_mean,
             "series": {name: {str(k): v for k, v in values.items()} for name, values in self.series.items()},
             "events": self.events,
+            "nonfinite": [{"step": step, "key": key} for step, key in self.nonfinite],
         }
 
     @property
@@ -259,4 +282,6 @@ def summarize_run(
             series[f"held_out_acc@{name}"] = decoded
     if entropy:
         series["entropy"] = entropy
-    return RunSummary(run, at, values, entropy, token_mean, agg, series, run_events(entropy, tail_mass))
+    return RunSummary(
+        run, at, values, entropy, token_mean, agg, series, run_events(entropy, tail_mass), nonfinite_values(steps)
+    )

@@ -35,11 +35,22 @@ def entropy_is_token_mean(group: dict) -> bool:
     return group.get("entropy_token_mean", True)
 
 
-def cell(stat: dict, digits: int) -> str:
+def cell(stat: dict, digits: int, of: int | None = None) -> str:
+    """``mean ± se`` of a group's quantity; with ``of`` (the group's runs, or its seeds paired), followed by
+    ``(n=k of N)`` when fewer runs entered the mean, so a run whose value is missing or not finite (left out by
+    ``mean_se``) never vanishes from a table that still lists its seed. '-': no run had a value (with
+    ``(n=0 of N)`` when some had a non-finite one)."""
+    n = stat.get("n")
+    short = f" (n={n} of {of})" if of is not None and n is not None and n < of else ""
     if stat["mean"] is None:
-        return "-"
+        return "-" + (short if stat.get("nonfinite") else "")
     text = f"{stat['mean']:.{digits}f}"
-    return text + (f" ± {stat['se']:.{digits}f}" if stat["se"] is not None else "")
+    return text + (f" ± {stat['se']:.{digits}f}" if stat["se"] is not None else "") + short
+
+
+def runs_of(group: dict) -> int:
+    """The number of runs a group's means are over at most (its listed seeds)."""
+    return len(group["seeds"])
 
 
 def step_line(document: dict) -> str:
@@ -71,14 +82,14 @@ def markdown_table(groups: list[dict]) -> str:
     )
     rows = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for group in groups:
-        s = group["stats"]
+        s, of = group["stats"], runs_of(group)
         seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
-        entropy = f"{cell(s['entropy_first'], 3)} -> {cell(s['entropy_last'], 3)}"
+        entropy = f"{cell(s['entropy_first'], 3, of)} -> {cell(s['entropy_last'], 3, of)}"
         entropy += "" if entropy_is_token_mean(group) else NOT_TOKEN_MEAN
         rows.append(
-            f"| {group['group']} | {seeds} | {cell(s['initial_acc'], 3)} | {cell(s['final_acc'], 3)} "
-            f"| {cell(s['best_acc'], 3)} | {cell(s['late_reward'], 3)} | {entropy} | {cell(s['mask_ratio'], 5)} "
-            f"| {cell(s['grad_share'], 4)} | {cell(s['wall_s'], 0)} |"
+            f"| {group['group']} | {seeds} | {cell(s['initial_acc'], 3, of)} | {cell(s['final_acc'], 3, of)} "
+            f"| {cell(s['best_acc'], 3, of)} | {cell(s['late_reward'], 3, of)} | {entropy} "
+            f"| {cell(s['mask_ratio'], 5, of)} | {cell(s['grad_share'], 4, of)} | {cell(s['wall_s'], 0, of)} |"
         )
     note = (
         "\nmean ± standard error over seeds (sample std / sqrt(n); no ± with one seed). Held-out accuracy: "
@@ -88,7 +99,9 @@ def markdown_table(groups: list[dict]) -> str:
         "share of the positive-advantage tokens' bound on the squared logit-gradient norm (docs/algorithm.md "
         "section 5); '-' for algorithms without the S2T mask. Wall time: the sweep's clock summed over a "
         "run's segments (start-up included), or the logged step times when runs are compared before their "
-        "last step. Per-step values of every run: `comparison.json`, `groups[].runs[].series`.\n"
+        "last step. (n=k of N): only k of the group's N runs had a finite value there (the others are left out "
+        "of that mean; comparison.json, `groups[].runs[]`, holds each run's). Per-step values of every run: "
+        "`comparison.json`, `groups[].runs[].series`.\n"
     )
     if not all(entropy_is_token_mean(group) for group in groups):
         note += ENTROPY_NOTE
@@ -106,12 +119,12 @@ def paired_table(differences: list[dict], baseline: str) -> str:
     )
     rows = [intro, header, "|---|---|---|---|---|---|---|"]
     for group in differences:
-        d = group["diff"]
+        d, of = group["diff"], len(group["seeds"])
         seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
         rows.append(
-            f"| {group['group']} | {seeds} | {cell(d['final_acc'], 3)} | {cell(d['best_acc'], 3)} "
-            f"| {cell(d['late_reward'], 3)} | {cell(d['entropy_last'], 4)}"
-            f"{'' if entropy_is_token_mean(group) else NOT_TOKEN_MEAN} | {cell(d['wall_s'], 0)} |"
+            f"| {group['group']} | {seeds} | {cell(d['final_acc'], 3, of)} | {cell(d['best_acc'], 3, of)} "
+            f"| {cell(d['late_reward'], 3, of)} | {cell(d['entropy_last'], 4, of)}"
+            f"{'' if entropy_is_token_mean(group) else NOT_TOKEN_MEAN} | {cell(d['wall_s'], 0, of)} |"
         )
     if not all(entropy_is_token_mean(group) for group in differences):
         rows.append(ENTROPY_NOTE)
@@ -153,7 +166,7 @@ def tail_table(groups: list[dict]) -> str:
     ]
     for group in groups:
         seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
-        cells = " | ".join(cell(group["stats"][stat], digits) for stat, _, digits in TAIL_COLUMNS)
+        cells = " | ".join(cell(group["stats"][stat], digits, runs_of(group)) for stat, _, digits in TAIL_COLUMNS)
         rows.append(f"| {group['group']} | {seeds} | {cells} |")
     return "\n".join(rows) + "\n" + TAIL_NOTE
 
@@ -169,7 +182,7 @@ def paired_tail_table(differences: list[dict], baseline: str) -> str:
     ]
     for group in differences:
         seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
-        cells = " | ".join(cell(group["diff"][stat], digits) for stat, _, digits in TAIL_COLUMNS)
+        cells = " | ".join(cell(group["diff"][stat], digits, len(group["seeds"])) for stat, _, digits in TAIL_COLUMNS)
         rows.append(f"| {group['group']} | {seeds} | {cells} |")
     return "\n".join(rows) + "\n"
 
@@ -199,8 +212,8 @@ def decoding_table(groups: list[dict]) -> str:
     ]
     for group in groups:
         seeds = ",".join("?" if seed is None else str(seed) for seed in group["seeds"])
-        s = group["stats"]
-        cells = " | ".join(f"{cell(s[f'initial_acc@{n}'], 3)} | {cell(s[f'final_acc@{n}'], 3)}" for n in names)
+        s, of = group["stats"], runs_of(group)
+        cells = " | ".join(f"{cell(s[f'initial_acc@{n}'], 3, of)} | {cell(s[f'final_acc@{n}'], 3, of)}" for n in names)
         rows.append(f"| {group['group']} | {seeds} | {cells} |")
     note = (
         "\nHeld-out accuracy at a further decoding setting: the same problems, samples per problem and sampler "
@@ -223,7 +236,7 @@ def paired_decoding_table(differences: list[dict], baseline: str) -> str:
     ]
     for group in differences:
         seeds = ",".join(str(seed) for seed in group["seeds"]) or "none"
-        cells = " | ".join(cell(group["diff"][f"final_acc@{n}"], 3) for n in names)
+        cells = " | ".join(cell(group["diff"][f"final_acc@{n}"], 3, len(group["seeds"])) for n in names)
         rows.append(f"| {group['group']} | {seeds} | {cells} |")
     return "\n".join(rows) + "\n"
 
@@ -255,7 +268,7 @@ def grid_tables(summary: list[dict], rows: GridAxis, cols: GridAxis) -> str:
             cells = []
             for c in col_values:
                 group = by_name.get(f"{row_label}={r},{col_label}={c}")
-                cells.append(cell(group["stats"][stat], digits) if group else "-")
+                cells.append(cell(group["stats"][stat], digits, runs_of(group)) if group else "-")
             lines.append(f"| {r} | " + " | ".join(cells) + " |")
         out.append("\n".join(lines))
     return "\n".join(out) + "\n"

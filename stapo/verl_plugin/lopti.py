@@ -5,8 +5,9 @@ the advantages of the tokens with old ``p >= eta`` zeroed, then with those of ``
 pass over every mini-batch (and epoch), every token kept in the loss's count. :func:`two_phase_update` does the
 same with verl's own ``update_actor`` (``ActorRolloutRefWorker.update_actor`` -> ``TrainingWorker.
 train_mini_batch``): called twice, on shallow copies of the shard (verl pops its settings from the TensorDict it
-is handed) whose ``response_mask`` keeps one phase's tokens, ``loss_mask`` left whole. Dropping a token from
-``response_mask`` and zeroing its advantage give the same gradient; the KL and entropy terms, which verl sums
+is handed) whose ``response_mask`` keeps one phase's tokens, ``loss_mask`` left whole (each response's count,
+under every ``loss_agg_mode``: the loss hands it to verl's ``agg_loss``, docs/algorithm.md section 3). Dropping a
+token from ``response_mask`` and zeroing its advantage give the same gradient; the KL and entropy terms, which verl sums
 over ``response_mask``, are split the same way as the authors split them (their ``kl_entropy_mask``).
 
 verl steps the learning-rate scheduler in ``train_batch`` on the flag ``update_lr_scheduler``, which

@@ -11,7 +11,10 @@ poisons the gradient through 0 * NaN), and the comparison needs one code path fo
 
 The mask reaches the loss in one of two ways, both known from the config alone:
 - ``source: old``: the STAPO trainer folded it into ``response_mask`` (the sum) and ``loss_mask``
-  (verl's token count, DP all-reduced before the micro-batches run); the loss sees the folded mask.
+  (verl's token count, DP all-reduced before the micro-batches run); the loss sees the folded mask, and
+  ``STAPOLossFn`` hands it the micro-batch's ``loss_mask`` too: ``agg_loss`` counts each sequence over it, so a
+  rule that keeps tokens in the count but out of the sum (Lopti's phases, 20-Entropy's ``all``) is exact under
+  every ``loss_agg_mode`` (docs/algorithm.md section 3).
 - ``source: current``: the loss builds it from the update forward (``STAPOLossFn`` hands over the
   current entropy and the DP group, which verl does not pass) and rescales the micro-batch to its
   DP-global kept-token count.
@@ -37,6 +40,7 @@ from verl.utils.torch_functional import masked_mean
 from verl.workers.utils.padding import no_padding_2_padding
 
 from stapo.loss import (
+    PER_SEQUENCE_COUNT_MODES,
     geo_mean_seq_losses,
     masked_pg_losses,
     nan_gradient_loss,
@@ -70,6 +74,7 @@ class UpdateContext:
     dp_group: dist.ProcessGroup | None
     report: dict[str, float] = field(default_factory=dict)
     token_weight: torch.Tensor | None = None  # a folded weighted entry's weights, padded as response_mask
+    count_mask: torch.Tensor | None = None  # the micro-batch's loss_mask (the count), padded as response_mask
 
 
 _UPDATE_CONTEXT: contextvars.ContextVar[UpdateContext | None] = contextvars.ContextVar(
@@ -138,6 +143,7 @@ class STAPOLossFn:
             verl_entropy = raw_entropy.detach() if self.config.entropy_coeff == 0 else raw_entropy
             model_output["entropy"] = _finite_or_zero(verl_entropy)
         token_weight = padded_token_weight(data)
+        count_mask = _padded_count_mask(data)
         loss_mode = self.config.policy_loss.get("loss_mode", "vanilla")
         if token_weight is not None and loss_mode != LOSS_NAME:
             raise RuntimeError(
@@ -147,7 +153,7 @@ class STAPOLossFn:
         # imported here: its module imports core_algos, whose import registers this module (registration.py)
         from verl.workers.utils.losses import ppo_loss
 
-        context = UpdateContext(entropy=entropy, dp_group=dp_group, token_weight=token_weight)
+        context = UpdateContext(entropy=entropy, dp_group=dp_group, token_weight=token_weight, count_mask=count_mask)
         token = _UPDATE_CONTEXT.set(context)
         try:
             loss, metrics = ppo_loss(self.config, model_output, data, dp_group)
@@ -183,6 +189,14 @@ def _any_rank(flag: bool, group: dist.ProcessGroup | None, device: torch.device)
     return float(value)
 
 
+def _padded_count_mask(data) -> torch.Tensor | None:
+    """The micro-batch's ``loss_mask`` (verl's token count) padded as verl pads ``response_mask``; None without
+    one. Padded together with ``response_mask`` so both have the width the loss's tensors have."""
+    if "loss_mask" not in data.keys():
+        return None
+    return data.select("response_mask", "loss_mask").to_padded_tensor()["loss_mask"].bool()
+
+
 def _finite_or_zero(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` (dense or jagged nested) with non-finite values set to 0; the same object when all are finite.
 
@@ -211,6 +225,28 @@ def _folded_weight(settings: MaskSettings) -> torch.Tensor | None:
             "wrapper (trainer.v1.trainer_mode=stapo, set by conf/algo/*.yaml)"
         )
     return weight
+
+
+def _count_mask(settings: MaskSettings, mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """The tokens each sequence is counted over by ``agg_loss`` (docs/algorithm.md section 3, "aggregation modes").
+
+    ``response_mask`` holds the tokens summed; ``loss_mask`` the tokens counted, a superset where a rule keeps a
+    token in the count but not in the sum (Lopti's other phase, 20-Entropy's ``entropy_denominator: all``). verl's
+    engine reads the batch's count from ``loss_mask``, but ``agg_loss`` takes each sequence's count
+    (``seq-mean-token-mean``) from the mask it is handed: handing it the count, with the per-token losses already 0
+    outside the sum, gives every mode the authors' formulation (the other tokens' advantages zeroed)."""
+    context = _UPDATE_CONTEXT.get()
+    count = None if context is None else context.count_mask
+    if count is None or settings.in_loss:  # an in-loss mask: token-mean only, its count rescaled by _in_loss_mask
+        if count is None and settings.count_only_rule and loss_agg_mode in PER_SEQUENCE_COUNT_MODES:
+            raise RuntimeError(
+                f"loss_agg_mode={loss_agg_mode} divides each sequence by its token count, which this micro-batch's "
+                "loss_mask holds but no loss wrapper handed over: the STAPO trainer's (trainer.v1.trainer_mode=stapo)"
+            )
+        return mask
+    if count.shape != mask.shape:
+        raise RuntimeError(f"loss_mask padded to {tuple(count.shape)}, response_mask to {tuple(mask.shape)}")
+    return mask | count  # a summed token is always counted
 
 
 def _in_loss_mask(
@@ -281,7 +317,8 @@ def compute_policy_loss_masked_clip(
     if not mask.any():
         loss = pg_losses.sum() * 0.0  # nothing to learn here: keeps the graph, exact zero gradient
     else:
-        loss = agg_loss(loss_mat=pg_losses, loss_mask=mask, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
+        count = _count_mask(settings, mask, loss_agg_mode)
+        loss = agg_loss(loss_mat=pg_losses, loss_mask=count, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
         loss = loss * scale
     if not torch.isfinite(loss):
         logger.warning(

@@ -5,6 +5,7 @@ folders the test writes and on the recorded learning-rate stress (the counts res
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from itertools import combinations
 from pathlib import Path
@@ -22,32 +23,36 @@ TAIL = "actor/stapo/tail/unused_mass_mean"
 
 
 def reference_events(entropy: dict[int, float], tail: dict[int, float]) -> dict:
-    """The rule as results/tailbed-lr5e-5/COMMAND words it, one step at a time."""
+    """The rule as results/tailbed-lr5e-5/COMMAND words it, one step at a time, with stapo/runs/events.py's reading
+    of an entropy that is not a number: an explosion at its step (step 1's own: no collapse can be measured)."""
     if 1 not in entropy:
         return {"explosion": None, "tail_driven": None, "collapse": None}
     explosion, collapse, driven = [], [], []
+    broken = not math.isfinite(entropy[1])
     for step in sorted(entropy):
-        if step < 2:
+        if step < 1 or (step == 1 and not broken):
             continue
-        if entropy[step] > 2 * entropy[1]:
+        if not math.isfinite(entropy[step]) or (not broken and entropy[step] > 2 * entropy[1]):
             explosion.append(step)
             if 1 in tail and step in tail and tail[step] > 10 * tail[1]:
                 driven.append(step)
-        elif entropy[step] < entropy[1] / 2:
+        elif not broken and entropy[step] < entropy[1] / 2:
             collapse.append(step)
-    return {"explosion": explosion, "tail_driven": driven if 1 in tail else None, "collapse": collapse}
+    return {"explosion": explosion, "tail_driven": driven if 1 in tail else None,
+            "collapse": None if broken else collapse}
 
 
-def random_series(rng, steps: int, missing: float = 0.0) -> dict[int, float]:
-    """A positive series with jumps of either size, some steps missing."""
+def random_series(rng, steps: int, missing: float = 0.0, broken: float = 0.0) -> dict[int, float]:
+    """A positive series with jumps of either size, some steps missing, a share ``broken`` NaN or infinite."""
     values = np.exp(rng.normal(0.0, 0.9, steps + 1))
+    values[rng.random(steps + 1) < broken] = rng.choice([math.nan, math.inf])
     return {step: float(values[step]) for step in range(steps + 1) if rng.random() >= missing}
 
 
 @pytest.mark.parametrize("trial", range(20))
 def test_the_rule_finds_the_steps_a_loop_finds(trial):
     rng = np.random.default_rng()
-    entropy = random_series(rng, int(rng.integers(1, 40)), missing=0.1)
+    entropy = random_series(rng, int(rng.integers(1, 40)), missing=0.1, broken=float(rng.choice([0.0, 0.1, 0.5])))
     tail = random_series(rng, 40, missing=float(rng.choice([0.0, 0.3, 1.0])))
     assert run_events(entropy, tail) == reference_events(entropy, tail)
 
@@ -62,6 +67,17 @@ def test_edges_of_the_rule():
     assert run_events(up, {}) == {"explosion": [2, 3], "tail_driven": None, "collapse": []}
     # a step whose tail mass was not logged is not tail-driven
     assert run_events(up, {1: 1e-4, 3: 2e-3})["tail_driven"] == [3]
+
+
+def test_an_entropy_that_is_not_a_number_is_an_explosion():
+    """NaN > x is false: without its own reading, a run whose entropy became NaN would count as calm."""
+    for bad in (math.nan, math.inf, -math.inf):
+        run = {1: 0.1, 2: 0.12, 3: bad, 4: 0.02}
+        assert run_events(run, {1: 1e-4, 3: 1.0}) == {"explosion": [3], "tail_driven": [3], "collapse": [4]}
+        assert run_events(run, {1: 1e-4, 3: math.nan})["tail_driven"] == []  # a NaN tail mass is not above
+        # step 1 itself not a number: the explosion is there, and a collapse cannot be measured against it
+        assert run_events({1: bad, 2: 0.1, 3: bad}, {}) == {"explosion": [1, 3], "tail_driven": None,
+                                                            "collapse": None}
 
 
 def dealt(hit_a: int, n_a: int, hit_b: int, n_b: int) -> float:
