@@ -2,9 +2,10 @@
 timings from its console log, and their summary (medians of steps 2 on, each validation, the wall time outside the
 steps); ``--metrics`` also keeps every other logged value, as printed, to show that two runs trained alike.
 
-The run is the testbed preset (``make demo``'s model and task) started as in BENCHMARKS.md's testbed step profile,
-its console output in LOG with the wall time appended by the shell as ``run rc 0 wall <seconds>``. The JSON keeps
-every step's ``timing_s/*`` and held-out accuracy, so the table in BENCHMARKS.md can be recomputed from it.
+The run is the testbed preset (``make demo``'s model and task) started as in the testbed step profile
+(docs/benchmarks-history.md), its console output in LOG with the wall time appended by the shell as ``run rc 0 wall
+<seconds>``. The JSON keeps every step's ``timing_s/*`` and held-out accuracy, so the tables there can be recomputed
+from it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The testbed timing scripts of BENCHMARKS.md's testbed step profile: the console-log reader against values it
-was given (random, on a written log), and the other scripts' command lines."""
+"""The testbed timing scripts of the testbed step profile (docs/benchmarks-history.md, "the history" below):
+the console-log reader against values it was given (random, on a written log), and the other scripts' command lines."""
 
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ import pytest
 from benchmarks.testbed_timings import PHASES, parse, summary
 
 REPO = Path(__file__).resolve().parents[2]
+# the dated entries the tests below recompute; BENCHMARKS.md keeps the current figures (its generated sections)
+HISTORY = REPO / "docs" / "benchmarks-history.md"
+BENCHMARKS = REPO / "BENCHMARKS.md"
 
 
 def written_log(rng: random.Random, steps: int = 12) -> tuple[str, dict]:
@@ -62,7 +65,7 @@ def test_the_recorded_timings_are_what_benchmarks_md_quotes():
     group, submission = summary(runs["group"]), summary(runs["submission"])
     assert f"{group['median_s']['step']:.2f}" == "6.32" and f"{submission['median_s']['step']:.2f}" == "4.10"
     assert [f"{v:.1f}" for v in submission["testing_s"].values()] == ["26.7", "27.2"]
-    text = (REPO / "BENCHMARKS.md").read_text()
+    text = HISTORY.read_text()
     assert "| `step` | 6.32 (3.7x the model's 1.70) | 4.10 (2.4x) |" in text
 
 
@@ -89,7 +92,7 @@ def test_the_row_token_quantiles_are_nearest_rank(seed):
         assert sum(x < v for x in lengths) <= q * n < sum(x <= v for x in lengths), (name, v)
 
 def test_the_in_place_cache_timings_are_what_benchmarks_md_quotes():
-    """BENCHMARKS.md's table of the in-place KV cache, recomputed from the two runs' logs and the model work."""
+    """The history's table of the in-place KV cache, recomputed from the two runs' logs and the model work."""
     folder = REPO / "benchmarks" / "testbed_runs"
     runs = json.loads((folder / "2026-11-26-preallocated-cache.json").read_text())
     work = json.loads((folder / "2026-11-26-preallocated-cache-model-work.json").read_text())
@@ -106,7 +109,7 @@ def test_the_in_place_cache_timings_are_what_benchmarks_md_quotes():
         "trainer: 20 steps, command to exit": [f"{run['wall_s']:.0f}" for run in (before, after)],
     }
     assert list(work) == ["dynamic-cache", "preallocated-cache"]
-    text = (REPO / "BENCHMARKS.md").read_text()
+    text = HISTORY.read_text()
     for title, (old, new) in rows.items():
         assert f"| {title} | {old} | {new} |" in text, title
 
@@ -115,7 +118,7 @@ TRAINER_PHASES = ("gen", "old_log_prob", "update_actor", "step")
 
 
 def assert_trainer_rows(text: str, table: list[dict], testing_steps: str) -> None:
-    """The rows BENCHMARKS.md's A/B tables of 20-step testbed runs share, one column a run (``summary``'s answer):
+    """The rows the history's A/B tables of 20-step testbed runs share, one column a run (``summary``'s answer):
     each phase's median, the validations' times (at ``testing_steps``) and the command-to-exit time."""
     for phase in TRAINER_PHASES:
         cells = " | ".join(f"{run['median_s'][phase]:.2f}" for run in table)
@@ -126,13 +129,13 @@ def assert_trainer_rows(text: str, table: list[dict], testing_steps: str) -> Non
 
 
 def test_the_batched_log_prob_timings_are_what_benchmarks_md_quotes():
-    """BENCHMARKS.md's table of the batched log-probs, and the ratios under it, recomputed from the runs' logs and
+    """The history's table of the batched log-probs, and the ratios under it, recomputed from the runs' logs and
     the model work."""
     folder = REPO / "benchmarks" / "testbed_runs"
     runs = json.loads((folder / "2026-11-26-batched-logprobs.json").read_text())
     work = json.loads((folder / "2026-11-26-batched-logprobs-model-work.json").read_text())["batched-logsumexp"]
     before, after = summary(runs["row-logsumexp"]), summary(runs["batched-logsumexp"])
-    text = (REPO / "BENCHMARKS.md").read_text()
+    text = HISTORY.read_text()
     assert_trainer_rows(text, [before, after], "10, 20")
     flat = " ".join(text.split())
     assert (f"decoded as one batch {work['decode_step_s']:.2f} s, forward + backward + GainAdamW "
@@ -147,12 +150,12 @@ def test_the_batched_log_prob_timings_are_what_benchmarks_md_quotes():
 
 
 def test_the_batched_log_prob_runs_logged_the_same_numbers():
-    """BENCHMARKS.md says every metric of the two runs is identical at all 20 steps: the logged values, as printed."""
+    """The history says every metric of the two runs is identical at all 20 steps: the logged values, as printed."""
     runs = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-26-batched-logprobs-metrics.json").read_text())
     before, after = runs["runs"]["row-logsumexp"], runs["runs"]["batched-logsumexp"]
     count = sum(len(metrics) for metrics in before.values())
     assert sorted(before, key=int) == [str(step) for step in range(1, 21)] and before == after
-    assert f"({count:,} logged values other than timings" in " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    assert f"({count:,} logged values other than timings" in " ".join(HISTORY.read_text().split())
     assert before["20"]["val-core/stapo/addition/acc/mean@8"].startswith("0.3457")
 
 
@@ -161,14 +164,14 @@ SHARED_ORDER = ("per-request-first", "shared-second", "shared-first", "per-reque
 
 
 def test_the_shared_loop_timings_are_what_benchmarks_md_quotes():
-    """BENCHMARKS.md's table of the agent loops built once per worker (two pairs of runs in opposite orders), and the
+    """The history's table of the agent loops built once per worker (two pairs of runs in opposite orders), and the
     ratios under it, recomputed from the four runs' logs and the model work after each pair."""
     folder = REPO / "benchmarks" / "testbed_runs"
     runs = json.loads((folder / "2026-11-27-shared-loops.json").read_text())
     work = json.loads((folder / "2026-11-27-shared-loops-model-work.json").read_text())["after-second-pair"]
     found = {name: summary(runs[name]) for name in SHARED_ORDER}
     table = [found[name] for name in SHARED_ORDER]
-    text = (REPO / "BENCHMARKS.md").read_text()
+    text = HISTORY.read_text()
     assert_trainer_rows(text, table, "10, 20")
     assert "| trainer: of it outside the steps and validations | " + " | ".join(
         f"{r['outside_steps_s']:.0f}" for r in table) + " |" in text
@@ -196,24 +199,24 @@ def test_the_shared_loop_timings_are_what_benchmarks_md_quotes():
 
 
 def test_the_shared_loop_runs_logged_the_same_numbers():
-    """BENCHMARKS.md says every value the four runs logged, timings, throughput and memory aside, is the same at all
+    """The history says every value the four runs logged, timings, throughput and memory aside, is the same at all
     20 steps."""
     runs = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-27-shared-loops-metrics.json").read_text())
     first, *others = (runs["runs"][name] for name in SHARED_ORDER)
     count = sum(len(metrics) for metrics in first.values())
     assert sorted(first, key=int) == [str(step) for step in range(1, 21)] and all(run == first for run in others)
-    assert f"({count:,} logged values other than timings" in " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    assert f"({count:,} logged values other than timings" in " ".join(HISTORY.read_text().split())
 
 
 def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
-    """BENCHMARKS.md's start-up table (vLLM kept against hidden) and the suite before and after, recomputed from
+    """The history's start-up table (vLLM kept against hidden) and the suite before and after, recomputed from
     the recorded files; the two runs logged the same values."""
     from benchmarks.startup import summary as startup_summary
 
     recorded = json.loads((REPO / "benchmarks" / "startup_runs" / "2026-11-27-hide-vllm.json").read_text())
     found = startup_summary(recorded["runs"])
     assert found == recorded["summary"] and found["identical_logged_values"]
-    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    flat = " ".join(HISTORY.read_text().split())
     kept, hidden = found["kept"], found["hidden"]
     assert (f"| command to verl's first step line, s | {kept['first_step_s'][0]} | {hidden['first_step_s'][0]} |"
             in flat)
@@ -224,7 +227,7 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     assert before["failures"] == after["failures"] == 0
     assert (f"{before['wall_s']:,.0f} s at 867dd43 ({before['worker_s']:,.0f} s of worker time) and "
             f"{after['wall_s']:,.0f} s at 4b8131d ({after['worker_s']:,.0f} s)") in flat
-    readme = " ".join((REPO / "README.md").read_text().split())
+    readme = " ".join((REPO / "docs" / "testing.md").read_text().split())
     assert (f"pytest {before['wall_s']:,.0f} s at 867dd43, then {after['wall_s']:,.0f} s ({after['wall_s'] / 60:.1f} "
             f"min, {after['tests'] - after['skipped']} passed, {after['skipped']} skipped") in readme
     cut = json.loads((REPO / "benchmarks" / "suite_runs" / "2026-11-27-fewer-launches.json").read_text())
@@ -234,6 +237,8 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     assert (f"at bdba859 on the same machine: pytest {now['wall_s']:,.0f} s ({now['wall_s'] / 60:.1f} min, "
             f"{now['tests'] - now['skipped']} passed, {now['skipped']} skipped), {now['worker_s']:,.0f} s of worker "
             f"time against {after['worker_s']:,.0f} s") in readme
+    current = " ".join(BENCHMARKS.read_text().split())
+    assert f"| `make test` | pytest {now['wall_s'] / 60:.1f} min |" in current
 
 
 def test_startup_before_tree_runs_that_checkout_s_code_and_the_after_side_this_one(tmp_path, monkeypatch):
@@ -287,7 +292,7 @@ def test_the_lazy_registration_start_up_figures_are_what_benchmarks_md_quotes():
     recorded = json.loads((REPO / "benchmarks" / "startup_runs" / "2026-11-27-lazy-registrations.json").read_text())
     found = startup_summary(recorded["runs"], ("before", "after"))
     assert found == recorded["summary"] and found["identical_logged_values"]
-    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    flat = " ".join(HISTORY.read_text().split())
     before, after = found["before"], found["after"]
     first = ", ".join(map(str, before["first_step_s"])), ", ".join(map(str, after["first_step_s"]))
     wall = ", ".join(map(str, before["wall_s"])), ", ".join(map(str, after["wall_s"]))
@@ -306,7 +311,7 @@ def test_the_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quotes()
     assert recorded["command"].endswith("--as-user") and all("cpu_s" in run for run in recorded["runs"])
     found = startup_summary(recorded["runs"], ("before", "after"))
     assert found == recorded["summary"] and found["identical_logged_values"]
-    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    flat = " ".join(HISTORY.read_text().split())
     before, after = found["before"], found["after"]
     for label, key in (("CPU of the whole process tree, s", "cpu_s"), ("Ray workers idle at the end", "idle_workers"),
                        ("command to verl's first step line, s", "first_step_s")):
@@ -326,7 +331,7 @@ def test_the_idle_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quo
     assert recorded["command"].endswith("--as-user")
     found = startup_summary(recorded["runs"], ("before", "after"))
     assert found == recorded["summary"] and found["identical_logged_values"]
-    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    flat = " ".join(HISTORY.read_text().split())
     assert name in flat
     before, after = found["before"], found["after"]
     for label, key in (("CPU of the whole process tree, s", "cpu_s"), ("Ray workers idle at the end", "idle_workers"),
@@ -348,16 +353,16 @@ def test_the_idle_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quo
 
 
 def assert_demo_table(run: dict, work: dict, validations: int) -> tuple[dict, float, list[float], str]:
-    """A `make demo` table of BENCHMARKS.md (its rows as the two timed sections write them) recomputed from the run's
+    """A `make demo` table of the history (its rows as the two timed sections write them) recomputed from the run's
     parsed log and the model work measured after it; returns the run's summary, summed step time, validation times and
-    the flattened BENCHMARKS.md for the section's own sentences."""
+    the flattened history for the section's own sentences."""
     found = summary(run)
     steps = run["steps"]
     step_sum = sum(v["timing_s"]["step"] for v in steps.values() if "step" in v["timing_s"])
     testing = list(found["testing_s"].values())
     assert len(testing) == validations and sorted(int(s) for s in steps if "step" in steps[s]["timing_s"]) == list(
         range(1, 101))
-    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    flat = " ".join(HISTORY.read_text().split())
     for label, value, fmt in (
         ("command to exit (`time`)", found["wall_s"], ",.1f"),
         ("100 steps (`timing_s/step`, summed)", step_sum, ".1f"),
@@ -376,7 +381,7 @@ def assert_demo_table(run: dict, work: dict, validations: int) -> tuple[dict, fl
 
 
 def test_the_make_demo_table_is_recomputed_from_its_files():
-    """BENCHMARKS.md, "make demo timed again": every figure of its table from the two JSON files."""
+    """The history, "make demo timed again": every figure of its table from the two JSON files."""
     folder = REPO / "benchmarks" / "testbed_runs"
     run = json.loads((folder / "2026-11-27-make-demo.json").read_text())["make-demo"]
     work = json.loads((folder / "2026-11-27-make-demo-model-work.json").read_text())
@@ -390,13 +395,13 @@ BOOTSTRAP_ORDER = ("before-first", "after-second", "after-first", "before-second
 
 
 def test_the_vectorised_bootstrap_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
-    """BENCHMARKS.md, "a validation's bootstrap vectorised": its table and ranges from the four runs' parsed logs, and
+    """The history, "a validation's bootstrap vectorised": its table and ranges from the four runs' parsed logs, and
     the claim that every value the four runs logged (timings aside) is the same."""
     folder = REPO / "benchmarks" / "testbed_runs"
     runs = json.loads((folder / "2026-11-27-vectorised-bootstrap.json").read_text())
     found = {name: summary(runs[name]) for name in BOOTSTRAP_ORDER}
     table = [found[name] for name in BOOTSTRAP_ORDER]
-    text = (REPO / "BENCHMARKS.md").read_text()
+    text = HISTORY.read_text()
     assert_trainer_rows(text, table, "5, 10, 15, 20")
     flat = " ".join(text.split())
 
@@ -416,8 +421,8 @@ def test_the_vectorised_bootstrap_timings_are_what_benchmarks_md_quotes_and_the_
 
 
 def test_the_make_demo_every_20_table_and_readmes_demo_row_are_recomputed_from_their_files():
-    """BENCHMARKS.md, "make demo with the bootstrap vectorised and six validations", and README.md's demo table: every
-    figure from the three JSON files of that run."""
+    """The history, "make demo with the bootstrap vectorised and six validations", and README.md's demo table: every
+    figure from the three JSON files of that run (where a step goes: docs/findings.md; BENCHMARKS.md's whole jobs)."""
     folder = REPO / "benchmarks" / "testbed_runs"
     run = json.loads((folder / "2026-11-27-make-demo-every-20.json").read_text())["make-demo"]
     work = json.loads((folder / "2026-11-27-make-demo-every-20-model-work.json").read_text())
@@ -439,12 +444,15 @@ def test_the_make_demo_every_20_table_and_readmes_demo_row_are_recomputed_from_t
            f"{found['wall_s'] / 60:.1f} min (model cached) | {found['median_s']['step']:.1f} | "
            f"{demo['summary']['peak_rss_gib']:.1f} GiB |")
     assert held_out[40] == held_out[60]
-    readme = " ".join((REPO / "README.md").read_text().split())
-    assert row in readme
+    assert row in " ".join((REPO / "README.md").read_text().split())
+    findings = " ".join((REPO / "docs" / "findings.md").read_text().split())
     phases = found["median_s"]
     assert (f"generation {phases['gen']:.2f} s (the 8 prompts' groups decoded as one batch), old log-probs "
             f"{phases['old_log_prob']:.2f} s, update {phases['update_actor']:.2f} s; each validation "
-            f"{min(testing):.1f}-{max(testing):.1f} s") in readme
+            f"{min(testing):.1f}-{max(testing):.1f} s") in findings
+    current = " ".join(BENCHMARKS.read_text().split())
+    assert (f"| {found['wall_s'] / 60:.1f} min, {found['median_s']['step']:.1f} s a step (median) | 2026-11-27, 2-core "
+            "AMD EPYC (AVX2): \"(seventh)\" |") in current
 
 
 def pooled_runs(found: dict, names: tuple, prefix: str, key: str) -> list[float]:
@@ -461,13 +469,13 @@ HOPS_DEFAULTS = ("new-1", "new-2", "old-a", "old-b", "new-3")
 
 
 def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
-    """BENCHMARKS.md, "the agent-loop worker's hops": both tables, the ranges and ratios under them from the eleven
+    """The history, "the agent-loop worker's hops": both tables, the ranges and ratios under them from the eleven
     runs' parsed logs and the model work, and the claim that every run logged the same values (one run's kept, every
     run's SHA-256)."""
     folder = REPO / "benchmarks" / "testbed_runs"
     runs = json.loads((folder / "2026-11-27-agent-loop-hops.json").read_text())
     work = json.loads((folder / "2026-11-27-agent-loop-hops-model-work.json").read_text())
-    text = (REPO / "BENCHMARKS.md").read_text()
+    text = HISTORY.read_text()
     found = {name: summary(runs[name]) for name in HOPS_SETTINGS + HOPS_DEFAULTS}
     assert_trainer_rows(text, [found[name] for name in HOPS_SETTINGS], "5, 10, 15, 20")
     assert_trainer_rows(text, [found[name] for name in HOPS_DEFAULTS], "5, 10, 15, 20")
@@ -510,11 +518,11 @@ def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_
 
 def load_ab(stem: str, names: tuple) -> tuple[dict, dict, str]:
     """An A/B of 20-step testbed runs under benchmarks/testbed_runs/<stem>*.json: each run's summary and the model
-    work, after checking BENCHMARKS.md's table (one column a run, in ``names``' order); and the flattened file."""
+    work, after checking the history's table (one column a run, in ``names``' order); and the flattened file."""
     folder = REPO / "benchmarks" / "testbed_runs"
     runs = json.loads((folder / f"{stem}.json").read_text())
     work = json.loads((folder / f"{stem}-model-work.json").read_text())
-    text = (REPO / "BENCHMARKS.md").read_text()
+    text = HISTORY.read_text()
     found = {name: summary(runs[name]) for name in names}
     assert_trainer_rows(text, [found[name] for name in names], "5, 10, 15, 20")
     return found, work, " ".join(text.split())
@@ -533,7 +541,7 @@ TWO_WORKERS = ("two-1", "one-1", "one-2", "two-2")
 
 
 def test_the_two_agent_loop_workers_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
-    """BENCHMARKS.md, "two agent-loop workers": the table, the ranges, medians and ratios under it from the four runs'
+    """The history, "two agent-loop workers": the table, the ranges, medians and ratios under it from the four runs'
     parsed logs and the model work, and every run's logged values hashing to the kept run's."""
     found, work, flat = load_ab("2026-11-28-two-agent-loop-workers", TWO_WORKERS)
 
@@ -560,7 +568,7 @@ def test_the_two_agent_loop_workers_timings_are_what_benchmarks_md_quotes_and_th
 
 
 def test_the_make_demo_on_the_xeon_table_is_recomputed_from_its_files():
-    """BENCHMARKS.md, "make demo on an Intel Xeon": its table, shares, ratios and accuracies from the three files."""
+    """The history, "make demo on an Intel Xeon": its table, shares, ratios and accuracies from the three files."""
     folder = REPO / "benchmarks" / "testbed_runs"
     run = json.loads((folder / "2026-11-28-make-demo-xeon.json").read_text())["make-demo"]
     work = json.loads((folder / "2026-11-28-make-demo-xeon-model-work.json").read_text())
@@ -579,9 +587,9 @@ def test_the_make_demo_on_the_xeon_table_is_recomputed_from_its_files():
 
 
 def test_the_last_make_demo_on_the_xeon_is_recomputed_from_its_files_and_trained_as_the_tenth_sections_run():
-    """BENCHMARKS.md, "(fifteenth)": the demo's table, shares and ratios from its three files; its held-out accuracy
+    """The history, "(fifteenth)": the demo's table, shares and ratios from its three files; its held-out accuracy
     at every validation and its training accuracy at every step are the tenth section's run's (the same run, bit for
-    bit, across the changes between them); README.md quotes its time."""
+    bit, across the changes between them); docs/findings.md and BENCHMARKS.md quote its time."""
     folder = REPO / "benchmarks" / "testbed_runs"
     run = json.loads((folder / "2026-11-28-make-demo-xeon-final.json").read_text())["make-demo"]
     work = json.loads((folder / "2026-11-28-make-demo-xeon-final-model-work.json").read_text())
@@ -601,13 +609,16 @@ def test_the_last_make_demo_on_the_xeon_is_recomputed_from_its_files_and_trained
     assert sorted(held_out) == [0, 20, 40, 60, 80, 100] and len(demo["train_acc"]) == 100
     assert demo["train_acc"] == tenth_demo["train_acc"]
     assert f"({held_out[0]:.3f} before training, {held_out[100]:.3f} at step 100)" in flat
-    readme = " ".join((REPO / "README.md").read_text().split())
+    findings = " ".join((REPO / "docs" / "findings.md").read_text().split())
     assert (f"same command took {found['wall_s'] / 60:.1f} min, {found['median_s']['step']:.1f} s a step (median); its "
-            f"held-out accuracy, {held_out[0]:.3f} -> {held_out[100]:.3f}, is that machine's build") in readme
+            f"held-out accuracy, {held_out[0]:.3f} -> {held_out[100]:.3f}, is that machine's build") in findings
+    current = " ".join(BENCHMARKS.read_text().split())
+    assert (f"| {found['wall_s'] / 60:.1f} min, {found['median_s']['step']:.1f} s a step (median) | 2026-11-28, 2-core "
+            "Intel Xeon (AVX-512): \"(fifteenth)\" |") in current
 
 
 def test_the_one_seed_make_compare_is_what_benchmarks_md_quotes_and_extrapolates():
-    """BENCHMARKS.md, "(fifteenth)": the one-seed `make compare`'s wall time, each sweep's span and the runs' range from
+    """The history, "(fifteenth)": the one-seed `make compare`'s wall time, each sweep's span and the runs' range from
     the runs' records, and the whole comparison extrapolated from them (the first sweep 5 times, the second 3 times, as
     the Makefile's default seeds); every run finished, on one kind of machine."""
     record = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-28-make-compare-one-seed.json").read_text())
@@ -625,7 +636,7 @@ def test_the_one_seed_make_compare_is_what_benchmarks_md_quotes_and_extrapolates
 
     first, second = span(record["first_sweep"]), span(record["second_sweep"])
     seconds = sorted(run["seconds"] for run in runs)
-    flat = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    flat = " ".join(HISTORY.read_text().split())
     for label, value in (("command to exit", f"{record['wall_s']:,.1f}"),
                          ("first sweep (JustRL, STAPO, GRPO, 20-Entropy): first start to last end", f"{first:.1f}"),
                          ("second sweep (DAPO, Dr. GRPO, GSPO, CISPO): first start to last end", f"{second:.1f}"),
@@ -636,13 +647,15 @@ def test_the_one_seed_make_compare_is_what_benchmarks_md_quotes_and_extrapolates
             "goal of 1 hour: not met") in flat
     assert f"takes {seconds[0] / 60:.1f}-{seconds[-1] / 60:.1f} min" in flat
     assert f"(about {whole / 3600:.1f} h, above)" in flat
+    current = " ".join(BENCHMARKS.read_text().split())
+    assert f"| about {whole / 3600:.1f} h, from one seed of each sweep |" in current
 
 
 GROUP_PUTS = ("grouped-1", "persample-1", "persample-2", "grouped-2")
 
 
 def test_the_group_puts_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
-    """BENCHMARKS.md, "a group's samples put at once": the table, ranges, medians and ratios from the four runs' parsed
+    """The history, "a group's samples put at once": the table, ranges, medians and ratios from the four runs' parsed
     logs and the model work; every run's logged values hash to the kept run's, which is the ninth section's hash."""
     found, work, flat = load_ab("2026-11-28-group-puts", GROUP_PUTS)
 
@@ -668,9 +681,9 @@ def test_the_group_puts_timings_are_what_benchmarks_md_quotes_and_the_runs_logge
 
 
 def test_the_twelfth_sections_profile_figures_are_the_profile_files_and_the_draw_tables():
-    """BENCHMARKS.md's "(twelfth)" section: the py-spy seconds it quotes are those of its profile file, and the
+    """The history's "(twelfth)" section: the py-spy seconds it quotes are those of its profile file, and the
     draw's ratios and times those of section 8's table."""
-    text = " ".join((REPO / "BENCHMARKS.md").read_text().split())
+    text = " ".join(HISTORY.read_text().split())
     profile = (REPO / "benchmarks" / "testbed_runs" / "2026-11-28-tailbed-run-pyspy.txt").read_text()
     on_cpu, frames, process = {}, {}, None
     for line in profile.splitlines():
@@ -691,7 +704,7 @@ def test_the_twelfth_sections_profile_figures_are_the_profile_files_and_the_draw
     assert (f"the FSDP worker {on_cpu['WorkerDict (FSDP actor)']} s, the driver "
             f"{on_cpu['TaskRunnerV1 (driver)']} s") in text
     rows = {}
-    section = (REPO / "BENCHMARKS.md").read_text().split("<!-- bench:draw -->")[1].split("<!-- /bench:draw -->")[0]
+    section = BENCHMARKS.read_text().split("<!-- bench:draw -->")[1].split("<!-- /bench:draw -->")[0]
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         if len(cells) == 7 and cells[0][0].isdigit():
@@ -709,7 +722,7 @@ RACE = ("multinomial-1", "race-1", "race-2", "multinomial-2")
 
 
 def test_the_exponential_race_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
-    """BENCHMARKS.md, "the exponential race in the trainer": the table, ranges, medians and ratios from the four runs'
+    """The history, "the exponential race in the trainer": the table, ranges, medians and ratios from the four runs'
     parsed logs and the model work; every run's logged values hash to the kept run's, the eleventh section's hash."""
     found, work, flat = load_ab("2026-11-28-exponential-race", RACE)
 
@@ -738,7 +751,7 @@ EARLY = ("ab-before-1", "ab-early-1", "ab-early-2", "ab-before-2")
 
 
 def test_the_early_hand_over_timings_are_what_benchmarks_md_quotes_and_the_runs_logged_the_same_numbers():
-    """BENCHMARKS.md, "each request answered when its row ends": the table, ranges, medians and ratios from the four
+    """The history, "each request answered when its row ends": the table, ranges, medians and ratios from the four
     runs' parsed logs and the model work (with the validation rows' token counts); every run's logged values hash to
     the kept run's, the thirteenth section's hash."""
     found, work, flat = load_ab("2026-11-28-early-hand-over", EARLY)

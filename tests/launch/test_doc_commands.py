@@ -9,8 +9,9 @@ project's own tools and no mock:
 - ``make T``: ``make -n T`` knows the target;
 - ``stapo SUB ...`` (and any CLI below): ``SUB --help`` runs (sub-commands followed down, e.g. ``stapo data
   prepare``), every ``--flag`` is in that help, a value of a flag with choices is one of them; the data sets
-  of ``stapo data prepare`` are in its help; the overrides of ``stapo check`` are composed and checked as
-  below, those of ``stapo doctor`` through the doctor's own argument parser, smoke preset and config check,
+  of ``stapo data prepare`` are in its help; ``stapo --version`` prints the package's version; the overrides of
+  ``stapo check`` and ``stapo train`` (the recipe with its progress line) are composed and checked as below,
+  those of ``stapo doctor`` through the doctor's own argument parser, smoke preset and config check,
   and ``stapo sweep``'s through its own parser, plan and check of every cell (``check_cells``, as before its
   first run; on the first seed's runs);
 - ``python -m M ...``: ``M`` is importable and its flags are in ``M --help`` (``--hydra-help`` for a Hydra
@@ -29,7 +30,8 @@ project's own tools and no mock:
 - ``sky launch|exec|logs|down ...``: the task file exists, each ``--env``/``--secret`` is one it declares, the
   overrides in ``STAPO_ARGS`` are composed and checked, ``logs``/``exec``/``down`` name a cluster the same doc
   launches;
-- a block line made only of overrides (README.md, "Using STAPO in verl") lists overrides of verl's own
+- a block line made only of overrides (recipe/stapo/README.md, "Using STAPO from verl's own entry point") lists
+  overrides of verl's own
   ``python -m verl.trainer.main_ppo``: composed with verl's ``ppo_trainer`` config;
 - every argument under a source folder (``SOURCE_DIRS``) exists; every ``_target_`` imports.
 
@@ -71,7 +73,9 @@ import yaml
 from tests.launch.test_static import _dockerfile_args
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "recipe/stapo/README.md", "launch/README.md", "docker/README.md")
+# the docs whose shell blocks hold commands (docs/findings.md, testing.md, benchmarks-history.md hold none)
+DOCS = ("README.md", "recipe/stapo/README.md", "launch/README.md", "docker/README.md", "docs/reliability.md",
+        "docs/cpu-backends.md")
 BIN = Path(sys.executable).parent
 RECIPE = "recipe.stapo.main_stapo"
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
@@ -367,13 +371,24 @@ def check_make(argv: list[str], ctx: Context) -> list[str]:
     return problems
 
 
+def version_problems() -> list[str]:
+    """``stapo --version``: exits 0 and prints the version pyproject.toml gives the package."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    code, out = run((program("stapo"), "--version"))
+    if code != 0 or not in_help(out, version):
+        return [f"`stapo --version` exits {code} printing {out.strip()[-200:]!r}, not the version {version}"]
+    return []
+
+
 def check_stapo(argv: list[str], ctx: Context) -> list[str]:
     """The CLI's sub-command and flags; then what each sub-command does with its positional arguments."""
+    if argv[1:] == ["--version"]:
+        return version_problems()
     help_text, positionals, problems = cli_problems(("stapo",), argv[1:])
     sub = argv[1] if len(argv) > 1 else ""
     if problems:
         return problems
-    if sub == "check":
+    if sub in ("check", "train"):
         return override_problems(positionals, local=True)
     if sub == "doctor":
         return doctor_problems(argv[2:])
@@ -728,6 +743,63 @@ def test_every_doc_has_commands_to_check(doc):
     assert DOC_COMMANDS[doc], doc
 
 
+# ---------------------------------------------------------------- README.md's troubleshooting: the refusals as printed
+
+
+def troubleshooting_pairs() -> list[tuple[int, str, str]]:
+    """(line, command, what it prints) of each ``$ stapo check ...`` line of the ```text block under README.md's
+    "Troubleshooting" and the line under it (a text block: the shell checks above would report these refusals)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index("## Troubleshooting")
+    fence = next(i for i in range(start, len(lines)) if lines[i].startswith("```"))
+    assert lines[fence] == "```text", lines[fence]
+    end = next(i for i in range(fence + 1, len(lines)) if lines[i].startswith("```"))
+    block = lines[fence + 1:end]
+    assert len(block) % 2 == 0, "each $ line is followed by the one line it prints"
+    return [(fence + 2 + i, block[i], block[i + 1]) for i in range(0, len(block), 2)]
+
+
+TROUBLESHOOTING = troubleshooting_pairs()
+
+
+def refusal_with_paths(overrides: list[str]) -> str | None:
+    """What ``stapo check OVERRIDES`` refuses, the model and data paths checked as on this machine (None: OK)."""
+    from stapo.check import check_run, compose_run, quiet_optional_engines
+    from stapo.validation import STAPOConfigError
+
+    quiet_optional_engines()
+    try:
+        check_run(compose_run(overrides), paths=True)
+    except STAPOConfigError as error:
+        return str(error)
+    return None
+
+
+def test_readme_shows_five_refusals():
+    assert len(TROUBLESHOOTING) == 5 and all(command.startswith("$ stapo check ") for _, command, _ in TROUBLESHOOTING)
+
+
+@pytest.mark.parametrize("line, command, printed", TROUBLESHOOTING, ids=[f"README.md:{t[0]}" for t in TROUBLESHOOTING])
+def test_a_refusal_readme_quotes_is_the_one_the_check_prints(line, command, printed, monkeypatch):
+    """The command as a user types it in the repository: the hub id of a GPU preset is taken as one (no cache
+    needed), relative paths from the repository root."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("STAPO_SKIP_PATH_CHECKS", raising=False)
+    refusal = refusal_with_paths(shlex.split(command)[3:])
+    assert refusal is not None, f"README.md:{line}: `{command[2:]}` is accepted"
+    assert printed == f"stapo: {refusal}", f"README.md:{line}: the check prints\n  stapo: {refusal}"
+
+
+def test_the_cli_prints_a_refusal_in_one_line_on_stderr_with_exit_code_2():
+    """As README.md says of every refusal, for the first it quotes (one process: about 12 s)."""
+    _, command, printed = TROUBLESHOOTING[0]
+    done = subprocess.run([program("stapo"), *shlex.split(command)[2:]], cwd=REPO, capture_output=True, text=True,
+                          timeout=180, check=False)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("stapo:")]
+    assert done.returncode == 2 and lines == [printed], done.stderr[-1000:]
+
+
 FAKE_DOC = """\
 Some prose.
 
@@ -743,6 +815,8 @@ docker run --rm stapo:0.0.0-verl0.0-vllm000 no_such_mode
 frobnicate --now
 frobnicate --later       # GPU-only: checked by nothing on a CPU, on purpose
 make test && stapo check --print model_preset=tiny
+stapo train model_preset=tiny actor_rollout_ref.actor.policy_loss.tau_p=2
+stapo --version
 ```
 
 ```text
@@ -770,5 +844,6 @@ def test_the_checker_reports_what_does_not_exist():
     assert "did you mean 'actor_rollout_ref.actor.policy_loss.tau_p'" in report[10]
     assert "is not the Dockerfile's" in report[11] and "`no_such_mode` is no command" in report[11]
     assert f"`frobnicate` {UNKNOWN} (mark it" in report[12]
-    assert report[13] == "" and report[14] == "" and report[23] == ""
-    assert sorted(report) == [*range(4, 15), 23]  # the text block (line 18) is not read
+    assert report[13] == "" and report[14] == "" and report[16] == "" and report[25] == ""
+    assert "tau_p must be a probability in (0, 1)" in report[15]
+    assert sorted(report) == [*range(4, 17), 25]  # the text block (line 20) is not read
