@@ -5,7 +5,7 @@ verl's ``process_validation_metrics`` estimates, for every held-out prompt, vari
 replacement from the prompt's n: ``bootstrap_metric`` seeds numpy's global generator, draws 1,000 index rows
 at once, then reduces each row with ``np.max`` / ``np.min`` on an object array, one Python-level call per row.
 On a 64-problem x 8-sample testbed validation that is 1.15M numpy calls and about 9 s of the driver's time
-in a 30-s validation (BENCHMARKS.md, "a validation's bootstrap vectorised").
+in a 30-s validation (docs/benchmarks-history.md, "a validation's bootstrap vectorised").
 
 :func:`best_worst_bootstrap` draws the same index rows from the same generator state and reduces them with one
 ``max`` / ``min`` over axis 1 of a float64 array: the maximum of real numbers is one of them, whatever the order

@@ -68,7 +68,7 @@ def benchmark_val_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 
 # The reward's 0/1 flags (stapo.reward.boxed): their mean over the samples is the figure; verl's bootstrap
 # of best@k / worst@k for each (1,000 resamples per prompt, key and k, in numpy) says nothing about a flag and
-# was half the driver's time in a testbed validation (BENCHMARKS.md, testbed step profile)
+# was half the driver's time in a testbed validation (docs/benchmarks-history.md, testbed step profile)
 FLAG_KEYS = ("has_answer", "has_ground_truth", "checker_strict", "checker_math_verify", "checker_timeout")
 
 

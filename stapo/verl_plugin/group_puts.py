@@ -4,7 +4,8 @@ verl's TransferQueue agent-loop worker (``verl.trainer.ppo.v1.agent_loop_tq``) t
 one-row TensorDict (``list_of_dict_to_tensordict``) and puts it with its own ``async_kv_batch_put``, then, once
 all of the prompt's samples have settled, puts the group's terminal status (``finished`` or ``failure``), which
 is what the replay buffer waits for. In a profile of a CPU testbed run those puts were about two fifths of the
-worker's busy time (BENCHMARKS.md, "the agent-loop worker's hops"): 64 puts a testbed step, 512 a validation, each a
+worker's busy time (docs/benchmarks-history.md, "the agent-loop worker's hops"): 64 puts a testbed step, 512 a
+validation, each a
 round trip to the storage unit and the controller.
 
 ``install`` (in an agent-loop worker's process) replaces the two names that module looks up when it stores a
@@ -16,7 +17,8 @@ group's rows of unequal length are stored from one jagged column instead of one 
 other call passes through to TransferQueue.
 
 Off by default (``stapo.tq_group_puts=true`` turns it on): in 20-step testbed runs on 2 cores it gave the same numbers
-and was not told apart from verl's per-sample puts (BENCHMARKS.md, "a group's samples put at once"). It changes when
+and was not told apart from verl's per-sample puts (docs/benchmarks-history.md, "a group's samples put at once"). It
+changes when
 a sample becomes visible in TransferQueue (with its group's status, not before), which only a consumer reading
 samples before their group finished would see: verl's sync trainer does not.
 """

@@ -4,7 +4,7 @@ Why: the plugin is loaded by ``import verl`` in every process of a run (the driv
 Ray worker), but each registration is needed only where verl reads the registry it fills: the trainer in the
 TaskRunner, the policy losses in the actor, the HF rollout where rollouts are built, the CPU patches in the
 FSDP worker. Importing them all everywhere cost most of a CPU run's processes seconds of imports they never
-use (BENCHMARKS.md, "lazy registrations", has the start-up before and after). So each registration waits
+use (docs/benchmarks-history.md, "lazy registrations", has the start-up before and after). So each registration waits
 for the module holding its registry: ``after_import("verl.trainer.ppo.v1", register)`` calls
 ``register(module)`` once that module has run to its end, or at once if it already has.
 

@@ -3,7 +3,7 @@
 verl's agent-loop worker scores every finished sample by calling a reward-loop actor
 (``RewardLoopWorker.compute_score.remote(data)``, a one-row DataProto pickled each way): 64 calls a testbed
 step and 512 a validation, each a round trip through Ray's object store that costs more than the rule it
-runs (BENCHMARKS.md, "the agent-loop worker's hops"). When the reward is a rule (no reward
+runs (docs/benchmarks-history.md, "the agent-loop worker's hops"). When the reward is a rule (no reward
 model), the same ``RewardLoopWorker`` class built inside the agent-loop worker gives the same scores with no
 hop: ``LocalRewardHandle`` stands where verl expects an actor handle, so verl's own ``_compute_score`` runs
 unchanged and only the transport goes. The row's Python objects are copied first (``by_value``), as Ray's

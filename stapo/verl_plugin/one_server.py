@@ -3,7 +3,8 @@
 verl's ``LLMServerClient.generate`` makes two Ray calls to the global load balancer around every request (acquire,
 which returns the chosen server's actor handle, and release): 128 extra Ray calls a testbed step and 1,024 a
 validation, all on the agent-loop worker's one event loop, whose per-request work is on the critical path once
-the server has decoded a submission in one batch (BENCHMARKS.md, "agent-loop worker's hops"). With one server
+the server has decoded a submission in one batch (docs/benchmarks-history.md, "agent-loop worker's hops"). With one
+server
 there is nothing to balance and no session to keep sticky: ``OneServerClient`` asks the balancer once, checks it
 holds exactly one server, and sends every later request to that server. Its in-flight counts then stay at zero,
 which only a balancer choosing among several servers would read.

@@ -3,7 +3,7 @@
 verl's ``AgentLoopWorker._run_agent_loop`` builds the agent loop anew for every request through
 ``hydra.utils.instantiate``, which merges the worker's tokenizer, server client and configs into a config
 and builds a Continuous Token builder each time (about 10 ms a request), 64 times a step and 512 times a
-validation; built once, a testbed validation took 5-12 s less and a step was not told apart (BENCHMARKS.md,
+validation; built once, a testbed validation took 5-12 s less and a step was not told apart (docs/benchmarks-history.md,
 "agent loops built once per worker").
 Every argument of that call comes from the worker, not from the request, so a loop that keeps no
 per-request state on itself can serve all of a worker's requests: the loops in ``SHAREABLE_LOOPS`` are

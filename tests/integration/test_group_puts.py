@@ -4,7 +4,8 @@ Real parts: a local Ray with TransferQueue started as verl's task runner starts 
 ``AgentLoopWorkerTQ._agent_loop_postprocess`` building and putting each sample; only the worker's Ray actor is left
 out (its state is set on a ``SharedLoopWorker`` object, as tests/unit/test_local_reward.py does). The rows one
 grouped put stores are compared, field by field, with the rows verl's per-sample puts store for the same samples;
-that whole testbed runs log the same numbers with it is BENCHMARKS.md's "a group's samples put at once" (four runs,
+that whole testbed runs log the same numbers with it is docs/benchmarks-history.md's "a group's samples put at once"
+(four runs,
 every logged value hashed)."""
 
 from __future__ import annotations

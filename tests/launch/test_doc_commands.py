@@ -74,8 +74,8 @@ from tests.launch.test_static import _dockerfile_args
 
 REPO = Path(__file__).resolve().parents[2]
 # the docs whose shell blocks hold commands (docs/findings.md, testing.md, benchmarks-history.md hold none)
-DOCS = ("README.md", "recipe/stapo/README.md", "launch/README.md", "docker/README.md", "docs/reliability.md",
-        "docs/cpu-backends.md")
+DOCS = ("README.md", "recipe/stapo/README.md", "recipe/stapo/examples/README.md", "launch/README.md",
+        "docker/README.md", "docs/reliability.md", "docs/cpu-backends.md")
 BIN = Path(sys.executable).parent
 RECIPE = "recipe.stapo.main_stapo"
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"

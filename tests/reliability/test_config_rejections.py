@@ -178,7 +178,7 @@ def test_bad_setting_is_refused_with_key_and_range(overrides, message):
 ACCEPTED = [
     [f"{PL}.tau_p=0.999", f"{PL}.entropy_quantile=1.0"],
     [f"{ACTOR}.clip_ratio_low=0.0", f"{ACTOR}.clip_ratio_high=0.0", f"{ACTOR}.clip_ratio_c=1.001"],
-    [f"{ACTOR}.clip_ratio_low=1.0"],  # a floor of 1 - 1 = 0: no lower clip, on purpose (README, Reliability)
+    [f"{ACTOR}.clip_ratio_low=1.0"],  # a floor of 1 - 1 = 0: no lower clip, on purpose (docs/reliability.md)
     ["stapo.val_decodings=[T0.7,T1.0]", f"{ROLLOUT}.agent.default_agent_loop=stapo_seeded"],
     ["stapo.val_decodings=[T0.7]"],  # verl's single_turn_agent, which the driver swaps for the seeded loop
     ["trainer.total_training_steps=null", f"{ACTOR}.optim.lr=0", "trainer.logger=[console,file]"],

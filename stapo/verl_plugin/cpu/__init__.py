@@ -91,7 +91,7 @@ def enable_for_run(config) -> bool:
     OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{ENV_FLAG}", "1", force_add=True)
     # read by the raylet this driver starts (a cluster already running keeps its own setting): Ray starts idle
     # Python workers when the first driver connects, which none of verl's actors takes (their runtime env is
-    # another one): seconds of CPU each on a CPU run's cores at start-up (BENCHMARKS.md, "idle workers")
+    # another one): seconds of CPU each on a CPU run's cores at start-up (docs/benchmarks-history.md, "idle workers")
     os.environ.setdefault(PRESTART_FLAG, "0")
     if config.get("actor_rollout_ref", {}).get("rollout", {}).get("name") == ROLLOUT_NAME:
         # the driver's own value (main_stapo sets "1" unless the environment says otherwise: 0 turns it off)
@@ -114,7 +114,7 @@ def hide_unused_vllm() -> None:
 
     verl imports vLLM in every process that loads its checkpoint engines (the optional Ascend engine imports
     ``vllm.distributed`` whenever vLLM is installed, as it is in the CPU set-up for the vLLM runs), and vLLM's
-    import loads torch's inductor, for a rollout that never calls it (BENCHMARKS.md, 2026-11-27: start-up).
+    import loads torch's inductor, for a rollout that never calls it (docs/benchmarks-history.md, 2026-11-27: start-up).
     ``None`` in ``sys.modules`` is Python's own way to make ``import vllm`` fail at once: verl records that
     optional engine as unavailable, exactly as on an install without vLLM. ``STAPO_HIDE_VLLM=0`` in the
     driver's environment keeps the import; a run on vLLM never sets the flag, and a process that already

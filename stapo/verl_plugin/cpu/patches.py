@@ -49,7 +49,7 @@ def logprobs_of_labels(logits: torch.Tensor, labels: torch.Tensor, inplace_backw
     (fsdp/transformer_impl.py ~line 65). Without flash-attn's fused cross-entropy verl falls back to
     logprobs_from_logits_v2 (~line 173), which calls logsumexp once per row to bound a GPU's peak memory; with
     remove-padding the rows are the micro-batch's tokens, so a forward made thousands of calls and as many
-    autograd nodes (a testbed step's update 1.25 -> 1.03 s without them, BENCHMARKS.md). Here rows go in
+    autograd nodes (a testbed step's update 1.25 -> 1.03 s without them, docs/benchmarks-history.md). Here rows go in
     chunks of at most LOGSUMEXP_CHUNK_ELEMENTS logits. Each row is still reduced on its own, so values and
     gradients equal v2's bit for bit with one thread (tested); with several threads v2 splits one row's
     reduction across them and this does not. ``inplace_backward`` belongs to flash-attn's kernel: unused."""
