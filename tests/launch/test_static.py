@@ -46,7 +46,7 @@ def test_scripts_exist():
 def test_python_is_lint_clean():
     """pyflakes, pycodestyle and import order over the project's Python (the settings of pyproject.toml)."""
     ruff = _tool("ruff", "make lint-tools (pip install ruff)")
-    paths = ["stapo", "recipe", "benchmarks", "tests"]
+    paths = ["stapo", "recipe", "benchmarks", "tests", "launch"]
     lint = subprocess.run(
         [ruff, "check", "--no-cache", "--select", "E,F,W,I", *paths], cwd=REPO, capture_output=True, text=True
     )
