@@ -20,29 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from stapo.rundir import metric_segments
 from stapo.runs.compare import ComparisonError, add_step_option, write_comparison_and_warn
-from stapo.runs.folder import group_runs, load_run
-from stapo.wandb_offline import wandb_files
-
-SKIPPED = {"checkpoints", "plots", "wandb"}  # what a run folder holds besides its metrics
-
-
-def is_run_folder(path: Path) -> bool:
-    return path.is_dir() and bool(metric_segments(path) or wandb_files(path))
-
-
-def find_runs(path: Path) -> list[Path]:
-    """``path`` itself when it is a run folder, else every run folder under it (not inside another run's)."""
-    if is_run_folder(path):
-        return [path]
-    if not path.is_dir():
-        return []
-    found = []
-    for child in sorted(path.iterdir()):
-        if child.is_dir() and child.name not in SKIPPED:
-            found += find_runs(child)
-    return found
+from stapo.runs.folder import find_runs, group_runs, load_run
 
 
 def warn(warning: str) -> None:

@@ -79,14 +79,36 @@ def recorded_segments(record: dict) -> list[float]:
     return [float(record["seconds"])] if record.get("seconds") is not None else []
 
 
+CONFIG = "config.yaml"
+
+
+def load_run_config(path: Path):
+    """The run's resolved config as OmegaConf, from ``config.yaml`` or, in an archived run, ``config.yaml.gz``
+    (results/ keeps it gzipped: eighty nearly identical copies were a fifth of the archive); None when absent."""
+    from omegaconf import OmegaConf
+
+    plain, packed = Path(path) / CONFIG, Path(path) / f"{CONFIG}.gz"
+    if plain.is_file():
+        return OmegaConf.load(plain)
+    if packed.is_file():
+        import gzip
+
+        return OmegaConf.create(gzip.decompress(packed.read_bytes()).decode("utf-8"))
+    return None
+
+
+def has_run_config(path: Path) -> bool:
+    return any((Path(path) / name).is_file() for name in (CONFIG, f"{CONFIG}.gz"))
+
+
 def config_value(path: Path, key: str):
     """A dotted key of the run's resolved ``config.yaml`` (None when absent)."""
-    file = path / "config.yaml"
-    if not file.is_file():
+    config = load_run_config(path)
+    if config is None:
         return None
     from omegaconf import OmegaConf
 
-    return OmegaConf.select(OmegaConf.load(file), key, default=None)
+    return OmegaConf.select(config, key, default=None)
 
 
 def name_and_seed(path: Path) -> tuple[str, int | None]:
@@ -114,6 +136,26 @@ def load_run(path: str | Path, group_by: str | None = None) -> RunData:
     return RunData(path, read_run_metrics(path), group, seed, record)
 
 
+SKIPPED = {"checkpoints", "plots", "wandb"}  # what a run folder holds besides its metrics
+
+
+def is_run_folder(path: Path) -> bool:
+    return path.is_dir() and bool(metric_segments(path) or wandb_files(path))
+
+
+def find_runs(path: Path) -> list[Path]:
+    """``path`` itself when it is a run folder, else every run folder under it (not inside another run's)."""
+    if is_run_folder(path):
+        return [path]
+    if not path.is_dir():
+        return []
+    found = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and child.name not in SKIPPED:
+            found += find_runs(child)
+    return found
+
+
 def group_runs(runs: list[RunData]) -> dict[str, list[RunData]]:
     """Runs by group, groups in first-seen order, runs by seed inside a group."""
     groups: dict[str, list[RunData]] = {}
@@ -124,11 +166,11 @@ def group_runs(runs: list[RunData]) -> dict[str, list[RunData]]:
     return groups
 
 
-ARCHIVED_FILES = (SWEEP_RECORD, "config.yaml")  # besides the metrics segments
+ARCHIVED_FILES = (SWEEP_RECORD,)  # besides the metrics segments and the config (gzipped: load_run_config reads it)
 
 
 def archive_run(run_dir: Path, dest: Path) -> list[Path]:
-    """A finished run's record, config and metrics segments (gzipped) copied into ``dest``: what the
+    """A finished run's record, config (gzipped) and metrics segments (gzipped) copied into ``dest``: what the
     comparisons read, without checkpoints, logs and token samples, small enough to commit. A sweep whose
     ``--out`` holds such folders reads them and skips them as finished, so runs made in several sessions or on
     several machines join one comparison. The gzip header carries no time or name: the same run archives to
@@ -147,4 +189,7 @@ def archive_run(run_dir: Path, dest: Path) -> list[Path]:
     for name in ARCHIVED_FILES:
         if (run_dir / name).is_file():
             written.append(write_atomically(dest / name, lambda tmp, name=name: shutil.copyfile(run_dir / name, tmp)))
+    if (run_dir / CONFIG).is_file():
+        packed = gzip.compress((run_dir / CONFIG).read_bytes(), compresslevel=9, mtime=0)
+        written.append(write_atomically(dest / f"{CONFIG}{GZIP_SUFFIX}", lambda tmp: tmp.write_bytes(packed)))
     return written

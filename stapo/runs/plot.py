@@ -8,6 +8,11 @@ Runs are grouped by algorithm (the ``stapo sweep`` cell, a config key given with
 the folder name without its seed, see ``stapo.runs.folder``): one line per group, the mean over its
 seeds, with a band of +- one standard error where two or more seeds logged the step. ``--per-run``
 draws one line per folder instead. ``comparison.md`` / ``.json`` next to the PNGs hold the numbers.
+
+A set's folder (a sweep's ``--out``, an archived set under results/) stands for the run folders under its
+``runs/``. The repository keeps no plots: ``stapo plot results/<set> --out DIR`` draws them again; for a
+recorded set whose run folders are gone, from the per-run series its ``comparison.json`` kept
+(``stapo.runs.archive``), and only those.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stapo.rundir import ENTROPY_KEYS
+from stapo.runs.archive import has_comparison, runs_from_comparison
 from stapo.runs.compare import ComparisonError, add_step_option, write_comparison
-from stapo.runs.folder import RunData, group_runs, load_run, read_run_metrics
+from stapo.runs.folder import RunData, find_runs, group_runs, is_run_folder, load_run, load_run_config, read_run_metrics
 from stapo.runs.stats import mean_se
 from stapo.validation import did_you_mean
 
@@ -215,7 +221,7 @@ def check_group_by(parser: argparse.ArgumentParser, run_dirs: list[Path], key: s
     """``--group-by`` names a key of the runs' config.yaml; a misspelt one would put every run in its own group."""
     from omegaconf import OmegaConf
 
-    configs = [OmegaConf.load(path / "config.yaml") for path in run_dirs if (path / "config.yaml").is_file()]
+    configs = [config for config in map(load_run_config, run_dirs) if config is not None]
     if not configs or any(OmegaConf.select(config, key, default=None) is not None for config in configs):
         return
     keys = _dotted_keys(OmegaConf.to_container(configs[0]))
@@ -231,9 +237,43 @@ def _dotted_keys(node, prefix: str = "") -> list[str]:
     return keys
 
 
+def set_runs(path: Path) -> Path:
+    """Where a set's run folders are: its ``runs/`` (a sweep's ``--out``, an archived set), else the folder."""
+    return path / "runs" if (path / "runs").is_dir() else path
+
+
+def is_set_folder(path: Path) -> bool:
+    """A folder that is no run folder but holds run folders (a sweep's ``--out``, results/<set>) or a comparison."""
+    return path.is_dir() and not is_run_folder(path) and (bool(find_runs(set_runs(path))) or has_comparison(path))
+
+
+def expand_sets(paths: list[Path]) -> list[Path]:
+    """Each set folder replaced by its run folders; run folders (and wandb logs) as given."""
+    run_dirs: list[Path] = []
+    for path in paths:
+        found = find_runs(set_runs(path)) if is_set_folder(path) else [path]
+        run_dirs += [run for run in found if run not in run_dirs]
+    return run_dirs
+
+
+def plot_comparison(folder: Path, out_dir: Path, per_run: bool) -> int:
+    """The figures of a recorded comparison whose run folders are gone, from the per-run series its
+    ``comparison.json`` keeps (stapo.runs.archive.runs_from_comparison): what it did not keep is not drawn."""
+    groups = runs_from_comparison(folder)
+    if per_run:
+        written = draw({f"{name} seed {run.seed}": run.steps for name, runs in groups.items() for run in runs}, out_dir)
+    else:
+        written = draw_groups(groups, out_dir)
+    for path in written:
+        print(f"[plot] wrote {path}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="stapo plot", description=__doc__)
-    parser.add_argument("run_dirs", nargs="+", type=Path, help="run folders (stapo.run_dir of each run)")
+    parser.add_argument("run_dirs", nargs="+", type=Path,
+                        help="run folders (stapo.run_dir of each run), or a set's folder (a sweep's --out, "
+                        "results/<set>)")
     parser.add_argument("--out", type=Path, help="where the PNGs go (default: RUN_DIR/plots of the first run)")
     parser.add_argument("--group-by", metavar="CONFIG_KEY", help="group by this key of each run's config.yaml")
     parser.add_argument("--per-run", action="store_true", help="one line per run folder, no grouping")
@@ -244,9 +284,15 @@ def main(argv: list[str]) -> int:
             parser.error(f"{path}: does not exist")
         if path.is_file() and path.suffix != ".wandb":
             parser.error(f"{path}: is a file; give its run folder (stapo.run_dir, which holds metrics.jsonl)")
+    sets = [path for path in args.run_dirs if is_set_folder(path)]
+    if sets and not any(find_runs(set_runs(path)) for path in sets):
+        if len(args.run_dirs) > 1:
+            parser.error(f"{sets[0]}: a recorded comparison whose run folders are gone is drawn alone")
+        return plot_comparison(sets[0], args.out or sets[0] / "plots", args.per_run)
+    first, args.run_dirs = args.run_dirs[0], expand_sets(args.run_dirs)
     if args.group_by:
         check_group_by(parser, args.run_dirs, args.group_by)
-    out = args.out or (args.run_dirs[0] if args.run_dirs[0].is_dir() else args.run_dirs[0].parent) / "plots"
+    out = args.out or (first if first.is_dir() else first.parent) / "plots"
     try:
         empty = [str(path) for path in args.run_dirs if not read_run_metrics(path)]
         if len(empty) == len(args.run_dirs):

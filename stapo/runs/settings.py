@@ -38,12 +38,14 @@ def flat_settings(node, prefix: str = "") -> dict[str, object]:
 
 def read_settings(run_dir: Path) -> dict[str, object] | None:
     """The run's config.yaml flattened, without the run-specific keys; None when the folder has none."""
-    file = Path(run_dir) / "config.yaml"
-    if not file.is_file():
-        return None
     from omegaconf import OmegaConf
 
-    flat = flat_settings(OmegaConf.to_container(OmegaConf.load(file), resolve=False))
+    from stapo.runs.folder import load_run_config
+
+    config = load_run_config(Path(run_dir))
+    if config is None:
+        return None
+    flat = flat_settings(OmegaConf.to_container(config, resolve=False))
     # a setting derived from the run's own folder or name (a log directory, a trace name) differs by design too
     own = [str(flat[key]) for key in ("stapo.run_dir", "trainer.experiment_name") if flat.get(key)]
     return {key: value for key, value in flat.items()

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stapo.runs.archive import read_json
 from stapo.runs.compare import write_comparison
 from stapo.runs.events import fisher_two_sided, run_events
 from stapo.runs.folder import group_runs, load_run
@@ -140,7 +141,7 @@ def test_the_comparison_counts_each_groups_runs_with_an_event_and_sets_them_agai
 def test_the_recorded_learning_rate_stress_gives_the_counts_its_readme_quotes():
     """results/tailbed-lr5e-5: its runs' per-step series (comparison.json) through the module give the table
     results/README.md quotes (which tests/bench/test_quoted_figures.py recomputes by its own loop)."""
-    document = json.loads((REPO / "results" / "tailbed-lr5e-5" / "comparison.json").read_text())
+    document = read_json(REPO / "results" / "tailbed-lr5e-5" / "comparison.json")
     found = {}
     for group in document["groups"]:
         events = []

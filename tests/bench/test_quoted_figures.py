@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from stapo.runs.archive import read_json
 from stapo.runs.events import fisher_two_sided
 from stapo.runs.registered import student_t_sf
 
@@ -43,7 +44,7 @@ REGISTRATION = "docs/registration.md"
 
 @cache
 def load(folder: str) -> dict:
-    return json.loads((RESULTS / folder / "comparison.json").read_text(encoding="utf-8"))
+    return read_json(RESULTS / folder / "comparison.json")
 
 
 def group(folder: str, name: str) -> dict:
@@ -651,7 +652,7 @@ def _ta_reading(events) -> list[tuple]:
     vs_floor = [paired_group(TA_VS_JUSTRL, g)["diff"]["final_acc"]["mean"] for g in TA_CELLS]
     assert all(higher_in(TA_VS_JUSTRL, g, "final_acc") in ("4 of 5", "5 of 5") for g in TA_CELLS)
     t07 = [group(TA_VS_STAPO, g)["stats"]["final_acc@T0.7"]["mean"] for g in TA_CELLS]
-    last_starts = [json.loads(path.read_text(encoding="utf-8"))["segments_s"][-1] / 60
+    last_starts = [read_json(path)["segments_s"][-1] / 60
                    for path in (RESULTS / TAX / "runs").glob("*/*/sweep_run.json")]
     return [
         (R, "20 runs of {}-{} min (the last start of each", *[str(round(f(last_starts))) for f in (min, max)]),
@@ -878,8 +879,8 @@ QUOTES = [
     (M, "STAPO's silenced tokens, {} % of the tokens, carry {} % of the positive-advantage",
      pct(A8, "algo=stapo", "mask_ratio", 3), pct(A8, "algo=stapo", "grad_share", 0)),
     # docs/reproducibility.md: the same run on another kind of CPU
-    ("docs/reproducibility.md", "measured a greedy held-out pass rate of {}", num(json.loads(
-        (RESULTS / RERUN / "testbed-build.json").read_text(encoding="utf-8"))["heldout_pass_rate"]["greedy"], 3)),
+    ("docs/reproducibility.md", "measured a greedy held-out pass rate of {}", num(read_json(
+        RESULTS / RERUN / "testbed-build.json")["heldout_pass_rate"]["greedy"], 3)),
     ("docs/reproducibility.md", "step-1 entropy ({} against {}) and held-out {} at step 60 against the recorded {}",
      num(group(RERUN, "algo=justrl")["runs"][0]["entropy_first"], 4),
      num(group(LR, "algo=justrl")["runs"][0]["entropy_first"], 4),
@@ -1239,14 +1240,14 @@ def test_the_builds_across_machine_kinds_are_what_the_reproducibility_doc_quotes
     doc = " ".join((REPO / "docs" / "reproducibility.md").read_text().split())
 
     def rates(name: str) -> str:
-        control = json.loads((folder / name).read_text())
+        control = read_json(folder / name)
         return f"{control['greedy_pass_rate']:.3f} / {control['t1_pass_rate']:.3f}"
 
     assert (f"a greedy / T=1 held-out pass rate of {rates('testbed-control-2026-11-28-xeon-avx512.json')} "
             f"(`benchmarks/tailbed/testbed-control-2026-11-28-xeon-avx512.json`) against the AMD EPYC's "
             f"{rates('testbed-control.json')}") in doc
     assert f"either ({rates('testbed-control-2026-11-28-xeon-avx2-capped.json')}," in doc
-    beta = {name: json.loads((folder / name).read_text())["beta"]
+    beta = {name: read_json(folder / name)["beta"]
             for name in ("stapo_tailbed-2026-11-28-xeon-avx512.json", "stapo_tailbed.json")}
     assert (f"a calibration beta of {beta['stapo_tailbed-2026-11-28-xeon-avx512.json']:.2f} against "
             f"{beta['stapo_tailbed.json']:.2f}") in doc

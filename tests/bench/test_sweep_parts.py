@@ -19,7 +19,7 @@ import pytest
 
 from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.runs.compare import mean_se, summarize_group, summarize_run, write_comparison
-from stapo.runs.folder import group_runs, load_run, name_and_seed, read_run_metrics
+from stapo.runs.folder import group_runs, load_run, load_run_config, name_and_seed, read_run_metrics
 from stapo.runs.plot import group_series, plot_groups
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan, split_values
 from stapo.validation import STAPOConfigError
@@ -527,8 +527,9 @@ def test_an_archive_holds_only_finished_runs_small_and_a_sweep_on_it_compares_th
         if not is_finished(run.run_dir):
             assert not copy.exists()
             continue
-        assert sorted(p.name for p in copy.iterdir()) == ["config.yaml", "metrics.jsonl.gz", "sweep_run.json"]
+        assert sorted(p.name for p in copy.iterdir()) == ["config.yaml.gz", "metrics.jsonl.gz", "sweep_run.json"]
         assert is_finished(copy) and read_run_metrics(copy) == read_run_metrics(run.run_dir)
+        assert load_run_config(copy) == load_run_config(run.run_dir) is not None  # the config, gzipped, reads the same
         packed[copy] = (copy / "metrics.jsonl.gz").read_bytes()
     assert len(packed) == 3
     time.sleep(1.1)  # gzip's header holds seconds: a time stamp in it would now differ

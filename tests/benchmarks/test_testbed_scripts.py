@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.testbed_timings import PHASES, parse, summary
+from stapo.runs.archive import read_json
 
 REPO = Path(__file__).resolve().parents[2]
 # the dated entries the tests below recompute; BENCHMARKS.md keeps the current figures (its generated sections)
@@ -61,7 +62,7 @@ def test_the_log_reader_returns_what_the_log_says_and_its_medians(tmp_path):
 
 
 def test_the_recorded_timings_are_what_benchmarks_md_quotes():
-    runs = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-26-submission-batch.json").read_text())
+    runs = read_json(REPO / "benchmarks" / "testbed_runs" / "2026-11-26-submission-batch.json")
     group, submission = summary(runs["group"]), summary(runs["submission"])
     assert f"{group['median_s']['step']:.2f}" == "6.32" and f"{submission['median_s']['step']:.2f}" == "4.10"
     assert [f"{v:.1f}" for v in submission["testing_s"].values()] == ["26.7", "27.2"]
@@ -94,8 +95,8 @@ def test_the_row_token_quantiles_are_nearest_rank(seed):
 def test_the_in_place_cache_timings_are_what_benchmarks_md_quotes():
     """The history's table of the in-place KV cache, recomputed from the two runs' logs and the model work."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    runs = json.loads((folder / "2026-11-26-preallocated-cache.json").read_text())
-    work = json.loads((folder / "2026-11-26-preallocated-cache-model-work.json").read_text())
+    runs = read_json(folder / "2026-11-26-preallocated-cache.json")
+    work = read_json(folder / "2026-11-26-preallocated-cache-model-work.json")
     before, after = summary(runs["dynamic-cache"]), summary(runs["preallocated-cache"])
     rows = {
         "model work: a step's 8 x 8 samples decoded as one batch": [f"{w['decode_step_s']:.2f}" for w in work.values()],
@@ -132,8 +133,8 @@ def test_the_batched_log_prob_timings_are_what_benchmarks_md_quotes():
     """The history's table of the batched log-probs, and the ratios under it, recomputed from the runs' logs and
     the model work."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    runs = json.loads((folder / "2026-11-26-batched-logprobs.json").read_text())
-    work = json.loads((folder / "2026-11-26-batched-logprobs-model-work.json").read_text())["batched-logsumexp"]
+    runs = read_json(folder / "2026-11-26-batched-logprobs.json")
+    work = read_json(folder / "2026-11-26-batched-logprobs-model-work.json")["batched-logsumexp"]
     before, after = summary(runs["row-logsumexp"]), summary(runs["batched-logsumexp"])
     text = HISTORY.read_text()
     assert_trainer_rows(text, [before, after], "10, 20")
@@ -151,7 +152,7 @@ def test_the_batched_log_prob_timings_are_what_benchmarks_md_quotes():
 
 def test_the_batched_log_prob_runs_logged_the_same_numbers():
     """The history says every metric of the two runs is identical at all 20 steps: the logged values, as printed."""
-    runs = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-26-batched-logprobs-metrics.json").read_text())
+    runs = read_json(REPO / "benchmarks" / "testbed_runs" / "2026-11-26-batched-logprobs-metrics.json")
     before, after = runs["runs"]["row-logsumexp"], runs["runs"]["batched-logsumexp"]
     count = sum(len(metrics) for metrics in before.values())
     assert sorted(before, key=int) == [str(step) for step in range(1, 21)] and before == after
@@ -167,8 +168,8 @@ def test_the_shared_loop_timings_are_what_benchmarks_md_quotes():
     """The history's table of the agent loops built once per worker (two pairs of runs in opposite orders), and the
     ratios under it, recomputed from the four runs' logs and the model work after each pair."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    runs = json.loads((folder / "2026-11-27-shared-loops.json").read_text())
-    work = json.loads((folder / "2026-11-27-shared-loops-model-work.json").read_text())["after-second-pair"]
+    runs = read_json(folder / "2026-11-27-shared-loops.json")
+    work = read_json(folder / "2026-11-27-shared-loops-model-work.json")["after-second-pair"]
     found = {name: summary(runs[name]) for name in SHARED_ORDER}
     table = [found[name] for name in SHARED_ORDER]
     text = HISTORY.read_text()
@@ -201,7 +202,7 @@ def test_the_shared_loop_timings_are_what_benchmarks_md_quotes():
 def test_the_shared_loop_runs_logged_the_same_numbers():
     """The history says every value the four runs logged, timings, throughput and memory aside, is the same at all
     20 steps."""
-    runs = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-27-shared-loops-metrics.json").read_text())
+    runs = read_json(REPO / "benchmarks" / "testbed_runs" / "2026-11-27-shared-loops-metrics.json")
     first, *others = (runs["runs"][name] for name in SHARED_ORDER)
     count = sum(len(metrics) for metrics in first.values())
     assert sorted(first, key=int) == [str(step) for step in range(1, 21)] and all(run == first for run in others)
@@ -213,7 +214,7 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     the recorded files; the two runs logged the same values."""
     from benchmarks.startup import summary as startup_summary
 
-    recorded = json.loads((REPO / "benchmarks" / "startup_runs" / "2026-11-27-hide-vllm.json").read_text())
+    recorded = read_json(REPO / "benchmarks" / "startup_runs" / "2026-11-27-hide-vllm.json")
     found = startup_summary(recorded["runs"])
     assert found == recorded["summary"] and found["identical_logged_values"]
     flat = " ".join(HISTORY.read_text().split())
@@ -222,7 +223,7 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
             in flat)
     assert f"| command to exit, s | {kept['wall_s'][0]} | {hidden['wall_s'][0]} |" in flat
     assert f"the {found['logged_values_a_run']} values each run logged" in flat
-    suite = json.loads((REPO / "benchmarks" / "suite_runs" / "2026-11-27-hide-vllm.json").read_text())
+    suite = read_json(REPO / "benchmarks" / "suite_runs" / "2026-11-27-hide-vllm.json")
     before, after = suite["before-867dd43"], suite["after-4b8131d"]
     assert before["failures"] == after["failures"] == 0
     assert (f"{before['wall_s']:,.0f} s at 867dd43 ({before['worker_s']:,.0f} s of worker time) and "
@@ -230,7 +231,7 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     readme = " ".join((REPO / "docs" / "testing.md").read_text().split())
     assert (f"pytest {before['wall_s']:,.0f} s at 867dd43, then {after['wall_s']:,.0f} s ({after['wall_s'] / 60:.1f} "
             f"min, {after['tests'] - after['skipped']} passed, {after['skipped']} skipped") in readme
-    cut = json.loads((REPO / "benchmarks" / "suite_runs" / "2026-11-27-fewer-launches.json").read_text())
+    cut = read_json(REPO / "benchmarks" / "suite_runs" / "2026-11-27-fewer-launches.json")
     assert cut["before-4b8131d"] == after  # the same junit, read again
     now = cut["after-bdba859"]
     assert now["failures"] == 0
@@ -289,7 +290,7 @@ def test_the_start_up_benchmark_counts_the_cpu_of_the_whole_process_tree():
 def test_the_lazy_registration_start_up_figures_are_what_benchmarks_md_quotes():
     from benchmarks.startup import summary as startup_summary
 
-    recorded = json.loads((REPO / "benchmarks" / "startup_runs" / "2026-11-27-lazy-registrations.json").read_text())
+    recorded = read_json(REPO / "benchmarks" / "startup_runs" / "2026-11-27-lazy-registrations.json")
     found = startup_summary(recorded["runs"], ("before", "after"))
     assert found == recorded["summary"] and found["identical_logged_values"]
     flat = " ".join(HISTORY.read_text().split())
@@ -307,7 +308,7 @@ def test_the_lazy_registration_start_up_figures_are_what_benchmarks_md_quotes():
 def test_the_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quotes():
     from benchmarks.startup import summary as startup_summary
 
-    recorded = json.loads((REPO / "benchmarks" / "startup_runs" / "2026-11-27-driver-hide-prestart.json").read_text())
+    recorded = read_json(REPO / "benchmarks" / "startup_runs" / "2026-11-27-driver-hide-prestart.json")
     assert recorded["command"].endswith("--as-user") and all("cpu_s" in run for run in recorded["runs"])
     found = startup_summary(recorded["runs"], ("before", "after"))
     assert found == recorded["summary"] and found["identical_logged_values"]
@@ -327,7 +328,7 @@ def test_the_idle_driver_hide_and_idle_worker_figures_are_what_benchmarks_md_quo
     from benchmarks.startup import summary as startup_summary
 
     name = "2026-11-27-driver-hide-prestart-idle.json"
-    recorded = json.loads((REPO / "benchmarks" / "startup_runs" / name).read_text())
+    recorded = read_json(REPO / "benchmarks" / "startup_runs" / name)
     assert recorded["command"].endswith("--as-user")
     found = startup_summary(recorded["runs"], ("before", "after"))
     assert found == recorded["summary"] and found["identical_logged_values"]
@@ -383,8 +384,8 @@ def assert_demo_table(run: dict, work: dict, validations: int) -> tuple[dict, fl
 def test_the_make_demo_table_is_recomputed_from_its_files():
     """The history, "make demo timed again": every figure of its table from the two JSON files."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    run = json.loads((folder / "2026-11-27-make-demo.json").read_text())["make-demo"]
-    work = json.loads((folder / "2026-11-27-make-demo-model-work.json").read_text())
+    run = read_json(folder / "2026-11-27-make-demo.json")["make-demo"]
+    work = read_json(folder / "2026-11-27-make-demo-model-work.json")
     found, step_sum, testing, flat = assert_demo_table(run, work, validations=10)
     assert f"`make demo` takes {found['wall_s'] / 60:.1f} min here" in flat
     shares = f"the steps are {step_sum / found['wall_s']:.0%} of it and the ten validations"
@@ -398,7 +399,7 @@ def test_the_vectorised_bootstrap_timings_are_what_benchmarks_md_quotes_and_the_
     """The history, "a validation's bootstrap vectorised": its table and ranges from the four runs' parsed logs, and
     the claim that every value the four runs logged (timings aside) is the same."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    runs = json.loads((folder / "2026-11-27-vectorised-bootstrap.json").read_text())
+    runs = read_json(folder / "2026-11-27-vectorised-bootstrap.json")
     found = {name: summary(runs[name]) for name in BOOTSTRAP_ORDER}
     table = [found[name] for name in BOOTSTRAP_ORDER]
     text = HISTORY.read_text()
@@ -412,7 +413,7 @@ def test_the_vectorised_bootstrap_timings_are_what_benchmarks_md_quotes_and_the_
     after, before = testing("after"), testing("before")
     assert (f"A validation takes {after[0]:.1f}-{after[-1]:.1f} s against {before[0]:.1f}-{before[-1]:.1f} s** "
             f"(medians {statistics.median(after):.1f} and {statistics.median(before):.1f} s)") in flat
-    logged = json.loads((folder / "2026-11-27-vectorised-bootstrap-metrics.json").read_text())["runs"]
+    logged = read_json(folder / "2026-11-27-vectorised-bootstrap-metrics.json")["runs"]
     first, *others = (logged[name] for name in BOOTSTRAP_ORDER)
     assert sorted(first, key=int) == [str(step) for step in range(1, 21)] and all(run == first for run in others)
     assert any("/best@8/mean" in key for key in first["5"])  # the bootstrap's own estimates are among them
@@ -424,10 +425,10 @@ def test_the_make_demo_every_20_table_and_readmes_demo_row_are_recomputed_from_t
     """The history, "make demo with the bootstrap vectorised and six validations", and README.md's demo table: every
     figure from the three JSON files of that run (where a step goes: docs/findings.md; BENCHMARKS.md's whole jobs)."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    run = json.loads((folder / "2026-11-27-make-demo-every-20.json").read_text())["make-demo"]
-    work = json.loads((folder / "2026-11-27-make-demo-every-20-model-work.json").read_text())
-    demo = json.loads((folder / "2026-11-27-make-demo-every-20-summary.json").read_text())
-    earlier = json.loads((folder / "2026-11-27-make-demo.json").read_text())["make-demo"]
+    run = read_json(folder / "2026-11-27-make-demo-every-20.json")["make-demo"]
+    work = read_json(folder / "2026-11-27-make-demo-every-20-model-work.json")
+    demo = read_json(folder / "2026-11-27-make-demo-every-20-summary.json")
+    earlier = read_json(folder / "2026-11-27-make-demo.json")["make-demo"]
     found, step_sum, testing, flat = assert_demo_table(run, work, validations=5)
     steps = run["steps"]
     assert sorted(found["testing_s"]) == [20, 40, 60, 80, 100]
@@ -473,8 +474,8 @@ def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_
     runs' parsed logs and the model work, and the claim that every run logged the same values (one run's kept, every
     run's SHA-256)."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    runs = json.loads((folder / "2026-11-27-agent-loop-hops.json").read_text())
-    work = json.loads((folder / "2026-11-27-agent-loop-hops-model-work.json").read_text())
+    runs = read_json(folder / "2026-11-27-agent-loop-hops.json")
+    work = read_json(folder / "2026-11-27-agent-loop-hops-model-work.json")
     text = HISTORY.read_text()
     found = {name: summary(runs[name]) for name in HOPS_SETTINGS + HOPS_DEFAULTS}
     assert_trainer_rows(text, [found[name] for name in HOPS_SETTINGS], "5, 10, 15, 20")
@@ -497,7 +498,7 @@ def test_the_agent_loop_hops_timings_are_what_benchmarks_md_quotes_and_the_runs_
     decode, val_new, val_old = work["decode_validation_s"], statistics.median(new), statistics.median(old)
     assert (f"the step is {step_new / step:.1f}x its model work ({step_old / step:.1f}x before) and a validation "
             f"{val_new / decode:.1f}x its decode ({val_old / decode:.1f}x before)") in flat
-    logged = json.loads((folder / "2026-11-27-agent-loop-hops-metrics.json").read_text())
+    logged = read_json(folder / "2026-11-27-agent-loop-hops-metrics.json")
     kept = logged["runs"]["base-1"]
     digest = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
     assert sorted(logged["sha256"]) == sorted(HOPS_SETTINGS + HOPS_DEFAULTS)
@@ -520,8 +521,8 @@ def load_ab(stem: str, names: tuple) -> tuple[dict, dict, str]:
     """An A/B of 20-step testbed runs under benchmarks/testbed_runs/<stem>*.json: each run's summary and the model
     work, after checking the history's table (one column a run, in ``names``' order); and the flattened file."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    runs = json.loads((folder / f"{stem}.json").read_text())
-    work = json.loads((folder / f"{stem}-model-work.json").read_text())
+    runs = read_json(folder / f"{stem}.json")
+    work = read_json(folder / f"{stem}-model-work.json")
     text = HISTORY.read_text()
     found = {name: summary(runs[name]) for name in names}
     assert_trainer_rows(text, [found[name] for name in names], "5, 10, 15, 20")
@@ -530,7 +531,7 @@ def load_ab(stem: str, names: tuple) -> tuple[dict, dict, str]:
 
 def logged_alike(stem: str, names: tuple, kept: str) -> tuple[str, int]:
     """The SHA-256 of the kept run's logged values, which every run's must equal, and how many values it holds."""
-    logged = json.loads((REPO / "benchmarks" / "testbed_runs" / f"{stem}-metrics.json").read_text())
+    logged = read_json(REPO / "benchmarks" / "testbed_runs" / f"{stem}-metrics.json")
     values = logged["runs"][kept]
     digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
     assert sorted(logged["sha256"]) == sorted(names) and set(logged["sha256"].values()) == {digest}
@@ -570,9 +571,9 @@ def test_the_two_agent_loop_workers_timings_are_what_benchmarks_md_quotes_and_th
 def test_the_make_demo_on_the_xeon_table_is_recomputed_from_its_files():
     """The history, "make demo on an Intel Xeon": its table, shares, ratios and accuracies from the three files."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    run = json.loads((folder / "2026-11-28-make-demo-xeon.json").read_text())["make-demo"]
-    work = json.loads((folder / "2026-11-28-make-demo-xeon-model-work.json").read_text())
-    demo = json.loads((folder / "2026-11-28-make-demo-xeon-summary.json").read_text())
+    run = read_json(folder / "2026-11-28-make-demo-xeon.json")["make-demo"]
+    work = read_json(folder / "2026-11-28-make-demo-xeon-model-work.json")
+    demo = read_json(folder / "2026-11-28-make-demo-xeon-summary.json")
     found, step_sum, testing, flat = assert_demo_table(run, work, validations=5)
     flat = flat.replace(" %", "%")
     assert f"`make demo` took {found['wall_s'] / 60:.1f} min against the goal of 4" in flat
@@ -591,11 +592,11 @@ def test_the_last_make_demo_on_the_xeon_is_recomputed_from_its_files_and_trained
     at every validation and its training accuracy at every step are the tenth section's run's (the same run, bit for
     bit, across the changes between them); docs/findings.md and BENCHMARKS.md quote its time."""
     folder = REPO / "benchmarks" / "testbed_runs"
-    run = json.loads((folder / "2026-11-28-make-demo-xeon-final.json").read_text())["make-demo"]
-    work = json.loads((folder / "2026-11-28-make-demo-xeon-final-model-work.json").read_text())
-    demo = json.loads((folder / "2026-11-28-make-demo-xeon-final-summary.json").read_text())
-    tenth = json.loads((folder / "2026-11-28-make-demo-xeon.json").read_text())["make-demo"]
-    tenth_demo = json.loads((folder / "2026-11-28-make-demo-xeon-summary.json").read_text())
+    run = read_json(folder / "2026-11-28-make-demo-xeon-final.json")["make-demo"]
+    work = read_json(folder / "2026-11-28-make-demo-xeon-final-model-work.json")
+    demo = read_json(folder / "2026-11-28-make-demo-xeon-final-summary.json")
+    tenth = read_json(folder / "2026-11-28-make-demo-xeon.json")["make-demo"]
+    tenth_demo = read_json(folder / "2026-11-28-make-demo-xeon-summary.json")
     found, step_sum, testing, flat = assert_demo_table(run, work, validations=5)
     flat = flat.replace(" %", "%")
     earlier = summary(tenth)
@@ -621,7 +622,7 @@ def test_the_one_seed_make_compare_is_what_benchmarks_md_quotes_and_extrapolates
     """The history, "(fifteenth)": the one-seed `make compare`'s wall time, each sweep's span and the runs' range from
     the runs' records, and the whole comparison extrapolated from them (the first sweep 5 times, the second 3 times, as
     the Makefile's default seeds); every run finished, on one kind of machine."""
-    record = json.loads((REPO / "benchmarks" / "testbed_runs" / "2026-11-28-make-compare-one-seed.json").read_text())
+    record = read_json(REPO / "benchmarks" / "testbed_runs" / "2026-11-28-make-compare-one-seed.json")
     runs = record["runs"]
     assert record["rc"] == 0 and all(run["returncode"] == 0 for run in runs) and len({r["machine"] for r in runs}) == 1
     assert sorted(r["cell"] for r in runs) == sorted(record["first_sweep"] + record["second_sweep"])
