@@ -9,34 +9,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from stapo.validation import STAPOConfigError, check_positive_int
+from stapo.verl_plugin.sp_size import check_sp_model, data_parallel_size
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
+ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+REF_MICRO = f"{REF}.log_prob_micro_batch_size_per_gpu"
 
 
 def check_batch_sizes(
     train_batch_size: int,
     rollout_n: int,
     mini_batch_size: int,
-    world_size: int,
-    sp_size: int = 1,
+    dp_size: int,
     micro_batch_size: int | None = None,
     log_prob_micro_batch_sizes: Mapping[str, int | None] | None = None,
 ) -> None:
     """The divisibility verl's workers assert mid-step, checked up front (sizes in prompts, as in verl).
 
-    One step holds ``train_batch_size * rollout_n`` responses, split evenly over the ``world_size /
-    sp_size`` data-parallel ranks; each PPO mini-batch holds ``mini_batch_size * rollout_n``.
-    ``micro_batch_size`` (the update) and ``log_prob_micro_batch_sizes`` (key -> size, the log-prob
-    passes) are per GPU, ``None`` when dynamic batching replaces them.
+    One step holds ``train_batch_size * rollout_n`` responses, split evenly over the ``dp_size`` data-parallel
+    ranks (world / the actor's sequence-parallel size, ``stapo.verl_plugin.sp_size``); each PPO mini-batch holds
+    ``mini_batch_size * rollout_n``. ``micro_batch_size`` (the update) and ``log_prob_micro_batch_sizes`` (key ->
+    size, the actor's log-prob passes) are per GPU, ``None`` when dynamic batching replaces them.
     """
     tb, mini = "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"
     world = "trainer.nnodes * trainer.n_gpus_per_node"
-    if world_size % sp_size:
-        raise STAPOConfigError(
-            f"{world} ({world_size}) must be a multiple of actor_rollout_ref.actor.ulysses_sequence_parallel_size "
-            f"({sp_size})"
-        )
-    dp = world_size // sp_size
+    dp = dp_size
     if mini_batch_size > train_batch_size or train_batch_size % mini_batch_size:
         raise STAPOConfigError(
             f"{tb} ({train_batch_size}) must be a multiple of {mini} ({mini_batch_size}): otherwise verl pads the "
@@ -54,11 +51,16 @@ def check_batch_sizes(
             f"of one mini-batch on one rank ({mini} * rollout.n / data-parallel size = {mini_responses // dp})"
         )
     for key, micro in (log_prob_micro_batch_sizes or {}).items():
-        if micro is not None and (responses // dp) % micro:
-            raise STAPOConfigError(
-                f"{key} ({micro}) must divide the responses of one step on one rank "
-                f"({tb} * rollout.n / data-parallel size = {responses // dp})"
-            )
+        check_log_prob_micro_batch(key, micro, responses, dp)
+
+
+def check_log_prob_micro_batch(key: str, micro: int | None, responses: int, dp_size: int) -> None:
+    """A log-prob pass's micro-batch (per GPU) divides one step's responses on one rank of its role's mesh."""
+    if micro is not None and (responses // dp_size) % micro:
+        raise STAPOConfigError(
+            f"{key} ({micro}) must divide the responses of one step on one rank "
+            f"(data.train_batch_size * rollout.n / data-parallel size = {responses // dp_size})"
+        )
 
 
 def check_run_batches(config) -> None:
@@ -89,12 +91,19 @@ def check_run_batches(config) -> None:
         )
     from verl.trainer.ppo.utils import need_reference_policy
 
-    if need_reference_policy(config) and not ref.get("log_prob_use_dynamic_bsz", False):
-        micros["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] = ref.get("log_prob_micro_batch_size_per_gpu")
     for key, value in micros.items():
         if value is not None:
             check_positive_int(key, value)
+    ref_micro = None
+    if need_reference_policy(config) and not ref.get("log_prob_use_dynamic_bsz", False):
+        ref_micro = ref.get("log_prob_micro_batch_size_per_gpu")
+        if ref_micro is not None:
+            check_positive_int(REF_MICRO, ref_micro)
     update_micro = micros.pop("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", None)
-    check_batch_sizes(
-        train, n, mini, world, actor.get("ulysses_sequence_parallel_size", 1) or 1, update_micro, micros
-    )
+    check_batch_sizes(train, n, mini, data_parallel_size(world, actor, ACTOR), update_micro, micros)
+    model = config.actor_rollout_ref.model
+    check_sp_model(actor, ACTOR, model)
+    if need_reference_policy(config):  # the ref has a mesh of its own: its SP size follows the actor's deprecated
+        ref_dp = data_parallel_size(world, ref, REF)  # key, not the actor's fsdp_config one (sp_size.py)
+        check_sp_model(ref, REF, model)
+        check_log_prob_micro_batch(REF_MICRO, ref_micro, train * n, ref_dp)

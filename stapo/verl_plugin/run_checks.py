@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from stapo.credentials import find_secrets
+from stapo.loss import check_aggregation
 from stapo.masks import MaskSettings, get_token_mask
 from stapo.validation import (
     STAPOConfigError,
@@ -30,6 +31,7 @@ from stapo.validation import (
 )
 from stapo.verl_plugin.batch_checks import check_run_batches
 from stapo.verl_plugin.cpu import vllm_cpu
+from stapo.verl_plugin.sp_size import data_parallel_size
 
 # No verl import at module level: importing verl loads this package's plugin, whose trainer imports
 # this module; a module-level verl import here would make that a circular import when this module
@@ -112,6 +114,8 @@ def _check_token_mask(config) -> None:
             )
     if settings.lopti:
         _check_lopti(config, loss_mode, mode)
+    regularised = bool(actor.get("use_kl_loss", False)) or float(actor.get("entropy_coeff", 0.0)) != 0.0
+    check_aggregation(settings.count_only_rule, loss_mode, actor.get("loss_agg_mode", TOKEN_MEAN), regularised, ACTOR)
     if settings.folded and settings.threshold_scope == "mini_batch":
         from stapo.verl_plugin.mini_batches import MiniBatchSplit
 
@@ -324,7 +328,7 @@ def _check_geo_mean(config) -> None:
     if actor.policy_loss.get("loss_mode", "vanilla") != "geo_mean":
         return
     world = int(config.trainer.nnodes) * int(config.trainer.n_gpus_per_node)
-    dp = max(1, world // int(actor.get("ulysses_sequence_parallel_size", 1) or 1))
+    dp = data_parallel_size(world, actor, ACTOR.rstrip("."))
     per_rank = int(actor.ppo_mini_batch_size) * int(config.actor_rollout_ref.rollout.n) // dp
     micro = actor.get("ppo_micro_batch_size_per_gpu", None)
     if bool(actor.get("use_dynamic_bsz", False)) or (micro is not None and int(micro) < per_rank):
