@@ -7,11 +7,11 @@ while the trainer waits, so it is measured here on a concurrent burst of request
 validation's 512), in a Ray cluster on loopback, inside an async actor as the worker runs:
 
 - ``reward``: verl's ``_compute_score`` with verl's ``RewardLoopWorker`` actor against the same method with
-  ``stapo.verl_plugin.local_reward``'s handle (verl's ``RewardLoopWorker`` in the worker's process), the tiny
+  ``stapo.verl_plugin.opt_in.local_reward``'s handle (verl's ``RewardLoopWorker`` in the worker's process), the tiny
   preset's rule (stapo.reward.synthetic); the scores are compared.
 - ``generate``: verl's ``LLMServerClient.generate`` through verl's ``GlobalRequestLoadBalancer`` actor against
-  ``stapo.verl_plugin.one_server.OneServerClient``, to a server actor that answers at once (the server's decoding is
-  not what is measured).
+  ``stapo.verl_plugin.opt_in.one_server.OneServerClient``, to a server actor that answers at once (the server's
+  decoding is not what is measured).
 
 Each row: the burst's wall time and the CPU seconds of the worker process and of the actor the direct path skips,
 medians of interleaved rounds.
@@ -72,8 +72,8 @@ def _actors():
             from transformers import AutoTokenizer
             from verl.workers.rollout.llm_server import LLMServerClient
 
-            from stapo.verl_plugin import local_reward, one_server
-            from stapo.verl_plugin.shared_agent_loops import SharedLoopWorker
+            from stapo.verl_plugin.opt_in import local_reward, one_server
+            from stapo.verl_plugin.training.shared_agent_loops import SharedLoopWorker
 
             self.tokenizer = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
             worker = object.__new__(SharedLoopWorker)

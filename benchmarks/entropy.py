@@ -47,7 +47,7 @@ def _entropy(variant: str, logits: torch.Tensor, chunk: int):
         return entropy_from_logits(logits)
     if variant == "logp+H detached":
         model_output = {"entropy": entropy_from_logits(logits)}  # as verl's engine hands it over
-        model_output["entropy"] = model_output["entropy"].detach()  # stapo.verl_plugin.losses.STAPOLossFn
+        model_output["entropy"] = model_output["entropy"].detach()  # stapo.verl_plugin.training.losses.STAPOLossFn
         return model_output["entropy"]
     if variant == "logp+H chunked":
         return entropy_from_logits_with_chunking(logits, chunk_size=chunk)

@@ -1,6 +1,6 @@
 """Mask building for ``source: old`` on one whole batch of the paper's size, once per step.
 
-The STAPO trainer (``stapo/verl_plugin/trainer.py``) builds the S2T mask on the driver from the
+The STAPO trainer (``stapo/verl_plugin/training/trainer.py``) builds the S2T mask on the driver from the
 padded ``(responses, max_len)`` old log-probs, old entropy and advantages that verl already
 computed, then folds it into the masks. This times, on such a batch: ``detect_spurious`` alone
 (``detect``), the registry's ``stapo`` entry with every diagnostic (``diagnostics``: detection
@@ -29,7 +29,7 @@ from stapo.masks import MaskInputs, MaskSettings, build_token_mask
 from stapo.s2t import detect_spurious
 
 try:  # the fold is verl's layout (stapo.verl_plugin imports verl); a lent GPU machine has no verl: fold n/a
-    from stapo.verl_plugin.jagged import fold_masks
+    from stapo.verl_plugin.training.jagged import fold_masks
 except ImportError:
     fold_masks = None
 

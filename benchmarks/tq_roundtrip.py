@@ -1,6 +1,6 @@
 """Where a STAPO step's mask costs land at paper size: the actor workers' fold and the driver's round trip.
 
-The mask is folded inside the actor workers (``stapo/verl_plugin/shard_mask.py``, ``fold_shard``), on
+The mask is folded inside the actor workers (``stapo/verl_plugin/training/shard_mask.py``, ``fold_shard``), on
 the shard each DP rank already holds for its update (verl's dispatch fetches it from TransferQueue
 whatever the algorithm), so the mask adds no TransferQueue traffic: its cost per step is
 ``fold_shard`` on one rank's shard, in parallel on every rank, plus two small collectives (the
@@ -109,8 +109,8 @@ def store_batch(tq, responses: int, max_len: int, distribution: str, seed: int =
 def driver_diagnostics(run_dir: Path):
     """The trainer's ``DriverDiagnostics`` with the recipe's default diagnostics, writing into ``run_dir``."""
     from stapo.masks import MaskSettings, get_token_mask
-    from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
-    from stapo.verl_plugin.driver_diagnostics import DriverDiagnostics
+    from stapo.verl_plugin.training.diagnostic_outputs import GridAndSample, SpuriousTokenLog
+    from stapo.verl_plugin.training.driver_diagnostics import DriverDiagnostics
 
     stapo_config = {
         "run_dir": str(run_dir),
@@ -146,7 +146,7 @@ def _time_fold(tq, keys: list[str], settings, repeats: int) -> tuple[dict[int, f
     it left at DP 1 (a check against the driver's mask count)."""
     from tensordict import TensorDict
 
-    from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
+    from stapo.verl_plugin.training.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
 
     medians, loss_tokens = {}, 0
     for dp in DP_SIZES:

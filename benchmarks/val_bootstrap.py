@@ -2,7 +2,7 @@
 
 verl's ``process_validation_metrics`` (which the trainer calls after every validation, on the driver) estimates
 best@k / worst@k of every prompt's scores by resampling them 1,000 times per prompt, variable and k, one numpy
-call per resampled row; ``stapo.verl_plugin.val_bootstrap`` replaces that loop with one reduction per
+call per resampled row; ``stapo.verl_plugin.training.val_bootstrap`` replaces that loop with one reduction per
 statistic where the values are bit for bit the same (``stapo/eval/bootstrap.py``). Both variants here run
 verl's ``process_validation_metrics`` itself, interleaved, on a validation's per-sample lists as verl's trainer
 passes them (``acc`` 0/1, ``score`` +1/-1 and ``reward``, as the project's boxed reward returns, no ``pred``):
@@ -46,7 +46,7 @@ def _plain(nested) -> dict:
 def measure(device, shapes, repeats) -> list[dict]:
     from verl.trainer.ppo import metric_utils
 
-    from stapo.verl_plugin import val_bootstrap
+    from stapo.verl_plugin.training import val_bootstrap
 
     saved = metric_utils.bootstrap_metric
     verls = getattr(saved, "verl_bootstrap_metric", saved)

@@ -49,7 +49,7 @@ def check_run(config, paths: bool = True) -> list[str]:
     A CPU preset given another model, data or device is refused first: the other refusals would be about it."""
     from stapo.input_checks import check_inputs
     from stapo.preset_fit import check_preset_fit
-    from stapo.verl_plugin.run_checks import validate_run_config
+    from stapo.verl_plugin.preflight.run_checks import validate_run_config
 
     check_preset_fit(config)
     validate_run_config(config)

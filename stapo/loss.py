@@ -3,7 +3,7 @@
 docs/algorithm.md section 3:  per token, ``min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A)`` with
 verl's dual clip (for A < 0 the per-token loss is capped at ``-A * clip_ratio_c``), summed over the
 tokens a mask keeps and divided by the token count the mask leaves (the aggregation itself is
-verl's ``agg_loss``, applied by the glue in ``stapo/verl_plugin/losses.py``).
+verl's ``agg_loss``, applied by the glue in ``stapo/verl_plugin/training/losses.py``).
 
 GRPO, JustRL, STAPO, 20-Entropy, DAPO and Dr.GRPO all run these functions; they differ only in the
 token mask (``stapo.masks``), the clip constants and the aggregation mode. Shapes are
@@ -26,7 +26,7 @@ PER_SEQUENCE_COUNT_MODES = ("seq-mean-token-mean",)
 # losses that average over each response's summed tokens whatever ``loss_agg_mode`` says (sapo hard-codes
 # seq-mean-token-mean; gspo, geo_mean and gmpo take a per-response mean of the token log-ratios)
 SEQUENCE_LEVEL_LOSSES = ("gspo", "sapo", "geo_mean", "gmpo")
-MASKED_CLIP = "masked_clip"  # stapo.verl_plugin.losses.LOSS_NAME, without importing verl here
+MASKED_CLIP = "masked_clip"  # stapo.verl_plugin.training.losses.LOSS_NAME, without importing verl here
 
 
 def check_aggregation(

@@ -17,7 +17,7 @@ gzipped (``metrics.jsonl.gz``, ``metrics.prev-N.jsonl.gz``): ``stapo sweep --arc
 runs so, small enough for git, and every reader reads them as it reads the plain files.
 
 Pure: file names and readers only. Pointing verl's loggers at the folder (their environment
-variables, ``trainer.logger``) is verl knowledge and lives in ``stapo.verl_plugin.loggers``.
+variables, ``trainer.logger``) is verl knowledge and lives in ``stapo.verl_plugin.training.loggers``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ MACHINE_NAME = "machine.json"
 TENSORBOARD_NAME = "tensorboard"
 WANDB_NAME = "wandb"  # wandb makes this folder itself under the directory it is given
 # a metric of ours the readers prefer to verl's: the old pass's entropy averaged over every response token
-# of the batch (the driver logs it, stapo.verl_plugin.driver_diagnostics). verl's actor/entropy is
+# of the batch (the driver logs it, stapo.verl_plugin.training.driver_diagnostics). verl's actor/entropy is
 # aggregated with the actor's loss_agg_mode, so under Dr.GRPO's or GSPO's it is not this mean
 ENTROPY_TOKEN_MEAN = "actor/stapo/entropy_token_mean"
 VERL_ENTROPY = "actor/entropy"

@@ -3,7 +3,7 @@
 
 One record per silenced token (the paper's word clouds, as data): the token, a few tokens of
 context either side, its probability and entropy. Pure: takes token ids, the mask, per-token
-statistics and a ``decode`` callable, so the trainer (``stapo.verl_plugin.diagnostic_outputs``, which reads
+statistics and a ``decode`` callable, so the trainer (``stapo.verl_plugin.training.diagnostic_outputs``, which reads
 verl's batch), the S2T analysis and ``stapo demo`` all write and read the same thing.
 """
 

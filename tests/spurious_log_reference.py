@@ -1,6 +1,6 @@
 """References for the silenced-token log: the padded-batch path the driver's flat path must match.
 
-The driver (``stapo.verl_plugin.driver_diagnostics``) writes the log from verl's jagged fields,
+The driver (``stapo.verl_plugin.training.driver_diagnostics``) writes the log from verl's jagged fields,
 fetching only the rows it names; these write the same records from padded tensors of the whole
 batch, the obvious way, for the tests to compare.
 """

@@ -241,8 +241,8 @@ def build_worker(config):
     STAPO trainer's loss (``STAPOTrainer._setup``)."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from stapo.verl_plugin.actor_worker import STAPOActorWorker
-    from stapo.verl_plugin.losses import STAPOLossFn
+    from stapo.verl_plugin.training.actor_worker import STAPOActorWorker
+    from stapo.verl_plugin.training.losses import STAPOLossFn
 
     worker = STAPOActorWorker(config.actor_rollout_ref, role="actor")
     worker.init_model()
@@ -388,8 +388,8 @@ def check_algo(algo: str, model_dir: str, batch: dict, args, checkpoint_root: Pa
     import torch.distributed as dist
     from verl.utils.config import omega_conf_to_dataclass
 
-    from stapo.verl_plugin.losses import LOSS_TOKENS_METRIC, METRIC_PREFIX, mask_settings
-    from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS
+    from stapo.verl_plugin.training.losses import LOSS_TOKENS_METRIC, METRIC_PREFIX, mask_settings
+    from stapo.verl_plugin.training.shard_mask import FOLDED_LOSS_TOKENS
 
     rank, world = dist.get_rank(), dist.get_world_size()
     config, overrides = compose_config(algo, model_dir, args, world)

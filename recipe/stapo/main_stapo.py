@@ -33,10 +33,10 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.rundir import write_config, write_machine
     from stapo.runs.machine import model_from_another_kind, run_machine
     from stapo.verl_plugin.cpu import enable_for_run
-    from stapo.verl_plugin.loggers import prepare_loggers
+    from stapo.verl_plugin.preflight.run_checks import check_model_for_rollout, validate_run_config
     from stapo.verl_plugin.registration import assert_registered
-    from stapo.verl_plugin.run_checks import check_model_for_rollout, validate_run_config
-    from stapo.verl_plugin.seeding import pin_reproducibility
+    from stapo.verl_plugin.reproducible.seeding import pin_reproducibility
+    from stapo.verl_plugin.training.loggers import prepare_loggers
 
     # a CPU preset with another model, data or device: refused before the back-end's own device checks
     check_preset_fit(config)
@@ -149,7 +149,7 @@ def main() -> None:
             config = compose_run(args.overrides)
             hide_vllm_if_unused(config)
             from stapo.preset_fit import check_preset_fit
-            from stapo.verl_plugin.run_checks import validate_run_config
+            from stapo.verl_plugin.preflight.run_checks import validate_run_config
 
             # prepare() checks again once the CPU back-end is set; --cfg job|all prints only a config the run takes
             check_preset_fit(config)

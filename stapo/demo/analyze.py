@@ -24,7 +24,7 @@ from stapo.models.generation import load_for_generation
 from stapo.reward.arithmetic import compute_score
 from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
 from stapo.validation import PAPER_ENTROPY_QUANTILE, PAPER_TAU_P
-from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
+from stapo.verl_plugin.training.diagnostic_outputs import SpuriousTokenLog
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

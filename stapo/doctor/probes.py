@@ -120,7 +120,7 @@ def probe_plugin() -> dict[str, Any]:
 
     try:
         from stapo.verl_plugin.registration import REQUIRED_LOSSES, assert_registered
-        from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+        from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME
 
         assert_registered()
         losses = ", ".join(REQUIRED_LOSSES)

@@ -1,6 +1,6 @@
 """`stapo export RUN_DIR|CKPT_DIR [--step N] OUT`: a saved step as a Hugging Face model folder.
 
-verl's FSDP model merger does the weights (``stapo.verl_plugin.merger``); this command picks the
+verl's FSDP model merger does the weights (``stapo.verl_plugin.export.merger``); this command picks the
 step (the latest by default), copies the tokenizer and generation config the trainer used
 byte for byte, and writes a model card with the run's config, algorithm and the step's metrics.
 The folder is assembled beside OUT and renamed into place, so OUT is never half written.
@@ -64,7 +64,7 @@ def _read_run(source: Source) -> tuple[dict | None, dict[str, float] | None]:
 
 def export(source: Source, out: Path, dtype: str = "auto", force: bool = False) -> Path:
     """Write the export of ``source`` to ``out``; returns ``out``."""
-    from stapo.verl_plugin.merger import checkpoint_dtype, merge_fsdp_checkpoint
+    from stapo.verl_plugin.export.merger import checkpoint_dtype, merge_fsdp_checkpoint
 
     out = out.expanduser().resolve()
     if out.exists() and any(out.iterdir()) and not force:

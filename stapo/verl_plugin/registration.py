@@ -5,7 +5,7 @@ Each piece is registered in a process when verl's module holding its registry is
 never imports the trainer. Where each hook sits, and why its callback cannot meet a half-imported module:
 
 - policy losses ``masked_clip`` and ``gmpo``: on ``verl.trainer.ppo.core_algos`` (``POLICY_LOSS_REGISTRY``);
-  ``stapo.verl_plugin.losses`` imports only modules core_algos already needs (verl's ``ppo_loss``, whose module
+  ``stapo.verl_plugin.training.losses`` imports only modules core_algos already needs (verl's ``ppo_loss``, whose module
   imports core_algos, is imported at its call).
 - agent loop ``stapo_seeded``: on ``verl.experimental.agent_loop.agent_loop``; the callback writes the registry
   entry verl's ``register`` decorator writes, a dotted path Hydra imports when a worker builds the loop.
@@ -21,7 +21,7 @@ import importlib
 from stapo.verl_plugin.import_hooks import after_import, waiting_for
 
 REQUIRED_LOSSES = ("masked_clip", "gmpo")
-SEEDED_LOOP_PATH = "stapo.verl_plugin.seeded_agent_loop.SeededSingleTurnAgentLoop"
+SEEDED_LOOP_PATH = "stapo.verl_plugin.reproducible.seeded_agent_loop.SeededSingleTurnAgentLoop"
 # the verl modules whose import registers a piece (assert_registered imports them to check all of them)
 LOSS_REGISTRY_MODULE = "verl.trainer.ppo.core_algos"
 AGENT_LOOP_REGISTRY_MODULE = "verl.experimental.agent_loop.agent_loop"
@@ -29,11 +29,11 @@ TRAINER_PACKAGE = "verl.trainer.ppo.v1"
 
 
 def register_losses(_core_algos) -> None:
-    importlib.import_module("stapo.verl_plugin.losses")  # its decorators register "masked_clip" and "gmpo"
+    importlib.import_module("stapo.verl_plugin.training.losses")  # its decorators register "masked_clip" and "gmpo"
 
 
 def register_agent_loop(agent_loop_module) -> None:
-    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+    from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME
 
     # what verl's ``register(name)`` stores for a class (tests compare the two); the class is imported when a
     # worker instantiates the loop, not here
@@ -41,7 +41,7 @@ def register_agent_loop(agent_loop_module) -> None:
 
 
 def register_trainer(_v1_package) -> None:
-    importlib.import_module("stapo.verl_plugin.trainer")  # its decorator registers trainer "stapo"
+    importlib.import_module("stapo.verl_plugin.training.trainer")  # its decorator registers trainer "stapo"
 
 
 def register_all() -> None:
@@ -65,7 +65,7 @@ def assert_registered() -> None:
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
     from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
 
-    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+    from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME
 
     missing = [name for name in REQUIRED_LOSSES if name not in POLICY_LOSS_REGISTRY]
     if "stapo" not in TRAINER_REGISTRY:

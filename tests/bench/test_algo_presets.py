@@ -18,7 +18,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
 from recipe.stapo.main_stapo import CONF_DIR
-from stapo.verl_plugin.run_checks import validate_run_config
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
 from tests.e2e.test_compose import compose_recipe, resolved_recipe
 
 A = "actor_rollout_ref.actor."

@@ -28,8 +28,8 @@ def test_the_names_are_the_ones_the_driver_logs():
     import torch
 
     from stapo.gradnorm import exact_norm_shares
-    from stapo.verl_plugin import driver_diagnostics as driver
-    from stapo.verl_plugin.losses import METRIC_PREFIX
+    from stapo.verl_plugin.training import driver_diagnostics as driver
+    from stapo.verl_plugin.training.losses import METRIC_PREFIX
 
     for name in ("ENTROPY_MAX", "TAIL_MASS", "TAIL_MASS_MAX", "TAIL_SAMPLED"):
         assert getattr(summary, name) is getattr(driver, name), name

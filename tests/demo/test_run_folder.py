@@ -14,8 +14,8 @@ from stapo.runs.progress import Progress, format_duration, parse_step_line, pars
 from stapo.runs.train import MetricsFollower
 from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, write_summary
 from stapo.token_sample import spread_positions
-from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
-from stapo.verl_plugin.driver_diagnostics import reward_extra_means
+from stapo.verl_plugin.training.diagnostic_outputs import SpuriousTokenLog
+from stapo.verl_plugin.training.driver_diagnostics import reward_extra_means
 from tests.spurious_log_reference import spread_evenly, write_padded_log
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -14,8 +14,8 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-from stapo.verl_plugin.config import STAPOPolicyLossConfig
-from stapo.verl_plugin.run_checks import validate_run_config
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
+from stapo.verl_plugin.training.config import STAPOPolicyLossConfig
 from tests.recipe_config import config_for_verl, recipe_config
 
 PRESETS = ["tiny", "smollm2", "qwen3_1p7b", "qwen3_8b", "qwen3_14b", "tailbed"]
@@ -140,7 +140,7 @@ def test_cfg_job_prints_the_composed_config(preset, algo, expected):
     ],
 )
 def test_wandb_goes_to_the_workers_offline_unless_the_user_chose(monkeypatch, user_env, user_override, expected):
-    from stapo.verl_plugin.loggers import keep_wandb_offline_unless_asked
+    from stapo.verl_plugin.training.loggers import keep_wandb_offline_unless_asked
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")

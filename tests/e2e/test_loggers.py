@@ -14,7 +14,7 @@ import shlex
 import pytest
 from omegaconf import OmegaConf
 
-from stapo.verl_plugin.loggers import ENV_VARS, prepare_loggers
+from stapo.verl_plugin.training.loggers import ENV_VARS, prepare_loggers
 from tests.recipe_config import recipe_config
 
 PRESETS = {

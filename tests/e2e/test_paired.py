@@ -57,7 +57,7 @@ def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
     And the STAPO run builds its agent loops as verl does, once a request (verl's own agent-loop manager), and
     scores and routes each request through verl's reward-loop actor and load balancer, where the GRPO run builds
     each once a worker, scores in the worker and sends requests straight to the one server (the recipe's
-    stapo/verl_plugin/shared_agent_loops.py with the CPU presets' stapo.reward_in_agent_loop and
+    stapo/verl_plugin/training/shared_agent_loops.py with the CPU presets' stapo.reward_in_agent_loop and
     stapo.one_server_direct): the same rollouts and rewards, bit for bit."""
     assert grpo_run.overrides[:3] == ["algo=grpo", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
     grpo = grpo_run.run

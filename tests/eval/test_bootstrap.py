@@ -16,7 +16,7 @@ import pytest
 from verl.trainer.ppo import metric_utils
 
 from stapo.eval.bootstrap import best_worst_bootstrap
-from stapo.verl_plugin import val_bootstrap
+from stapo.verl_plugin.training import val_bootstrap
 
 VERL_BOOTSTRAP = getattr(metric_utils.bootstrap_metric, "verl_bootstrap_metric", metric_utils.bootstrap_metric)
 BEST_WORST = [np.max, np.min]

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.shard_mask import fold_shard
+from stapo.verl_plugin.training.shard_mask import fold_shard
 from tests.integration.jagged_rows import response_rows
 
 ROWS = 24

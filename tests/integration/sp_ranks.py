@@ -123,7 +123,7 @@ def _run(rank: int, model_path: str, attn: str, sp: int) -> dict:
     import verl  # noqa: F401  (loads the plugin: the CPU platform and the CPU patches)
     from verl.utils import tensordict_utils as tu
 
-    from stapo.verl_plugin.actor_worker import STAPOActorWorker
+    from stapo.verl_plugin.training.actor_worker import STAPOActorWorker
     from tests.recipe_config import config_for_verl
 
     config = config_for_verl(*overrides(model_path, attn, sp))
@@ -190,7 +190,7 @@ def reference(model_path: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 def check(results: dict, model_path: str, sp: int = SP) -> dict:
     """The figures and the failures (a list of lines; empty: all held)."""
     from stapo.masks import MaskInputs, build_token_mask
-    from stapo.verl_plugin.losses import mask_settings
+    from stapo.verl_plugin.training.losses import mask_settings
     from tests.recipe_config import config_for_verl
 
     failures, ref_lp, ref_ent = [], *reference(model_path)

@@ -25,9 +25,9 @@ from stapo.lopti import PHASES, low_probability, phase_masks
 from stapo.loss import LOSS_AGG_MODES, check_aggregation
 from stapo.masks import MaskSettings
 from stapo.validation import STAPOConfigError
-from stapo.verl_plugin.losses import STAPOLossFn, folded_mask_update
-from stapo.verl_plugin.run_checks import LOSS_AGG_MODES as CHECKED_MODES
-from stapo.verl_plugin.run_checks import validate_run_config
+from stapo.verl_plugin.preflight.run_checks import LOSS_AGG_MODES as CHECKED_MODES
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
+from stapo.verl_plugin.training.losses import STAPOLossFn, folded_mask_update
 from tests.integration.verl_batches import (
     compose_verl,
     fold_as_trainer,

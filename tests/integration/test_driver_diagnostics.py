@@ -23,8 +23,8 @@ from stapo.ablation import threshold_grid
 from stapo.masks import MaskInputs, build_token_mask
 from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.token_sample import token_sample
-from stapo.verl_plugin.diagnostic_outputs import SpuriousTokenLog
-from stapo.verl_plugin.driver_diagnostics import ENTROPY_MAX
+from stapo.verl_plugin.training.diagnostic_outputs import SpuriousTokenLog
+from stapo.verl_plugin.training.driver_diagnostics import ENTROPY_MAX
 from tests.integration.jagged_rows import response_rows
 from tests.spurious_log_reference import write_padded_log
 

@@ -1,4 +1,4 @@
-"""A prompt group's samples put into TransferQueue in one call (stapo/verl_plugin/group_puts.py).
+"""A prompt group's samples put into TransferQueue in one call (stapo/verl_plugin/opt_in/group_puts.py).
 
 Real parts: a local Ray with TransferQueue started as verl's task runner starts it, and verl's own
 ``AgentLoopWorkerTQ._agent_loop_postprocess`` building and putting each sample; only the worker's Ray actor is left
@@ -18,9 +18,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 from verl.trainer.ppo.v1 import agent_loop_tq
 
 from benchmarks.tq_roundtrip import transfer_queue
-from stapo.verl_plugin import group_puts
-from stapo.verl_plugin.run_checks import STAPOConfigError, validate_run_config
-from stapo.verl_plugin.shared_agent_loops import SharedLoopWorker
+from stapo.verl_plugin.opt_in import group_puts
+from stapo.verl_plugin.preflight.run_checks import STAPOConfigError, validate_run_config
+from stapo.verl_plugin.training.shared_agent_loops import SharedLoopWorker
 from tests.recipe_config import config_for_verl
 
 PARTITION = "val"

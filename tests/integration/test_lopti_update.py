@@ -29,9 +29,9 @@ from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batc
 from verl.workers.engine_workers import TrainingWorker
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.lopti import PHASE_PREFIX, STAPOTrainingWorker, two_phase_update
-from stapo.verl_plugin.losses import STAPOLossFn, folded_mask_update
-from stapo.verl_plugin.shard_mask import fold_shard
+from stapo.verl_plugin.training.lopti import PHASE_PREFIX, STAPOTrainingWorker, two_phase_update
+from stapo.verl_plugin.training.losses import STAPOLossFn, folded_mask_update
+from stapo.verl_plugin.training.shard_mask import fold_shard
 from tests.integration.test_weighted_update import MINI, ROWS, TinyLM, _shard
 from tests.integration.verl_batches import actor_config
 from tests.reference import REFERENCES, reference_masked_loss

@@ -65,7 +65,7 @@ def preset_batch(algo: str, seed: int, *overrides: str):
 
 
 def run_split(algo: str, seed: int, splits: list[int]):
-    from stapo.verl_plugin.losses import STAPOLossFn
+    from stapo.verl_plugin.training.losses import STAPOLossFn
 
     config, rows, prompt_lens, tokens = preset_batch(algo, seed)
     return run_micro_batches(STAPOLossFn(config), rows, prompt_lens, splits, tokens)
@@ -88,7 +88,7 @@ def test_the_mini_batch_gradient_does_not_depend_on_the_micro_batching(algo, see
 
 def test_verls_geo_mean_scales_with_the_micro_batches_and_gmpo_does_not():
     """Why the gmpo preset has its own loss: verl 0.9.1's geo_mean averages each micro-batch on its own."""
-    from stapo.verl_plugin.losses import STAPOLossFn
+    from stapo.verl_plugin.training.losses import STAPOLossFn
 
     results = {}
     for mode in ("gmpo", "geo_mean"):
@@ -105,7 +105,7 @@ def test_verls_geo_mean_scales_with_the_micro_batches_and_gmpo_does_not():
 def test_gmpo_against_a_loop_reference():
     """The per-response geometric mean of the sign-aware log-space-clipped ratios, times the mean advantage,
     averaged over the mini-batch's responses, computed with Python floats."""
-    from stapo.verl_plugin.losses import STAPOLossFn
+    from stapo.verl_plugin.training.losses import STAPOLossFn
 
     config, rows, prompt_lens, tokens = preset_batch("gmpo", 4)
     total, _, _ = run_micro_batches(STAPOLossFn(config), rows, prompt_lens, SPLITS["dynamic"], tokens)

@@ -11,8 +11,8 @@ from hydra.errors import InstantiationException
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.validation import STAPOConfigError
-from stapo.verl_plugin.config import STAPOPolicyLossConfig
-from stapo.verl_plugin.run_checks import validate_run_config
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
+from stapo.verl_plugin.training.config import STAPOPolicyLossConfig
 from tests.integration.verl_batches import PL, compose_verl, stapo_overrides
 
 CHECK = (
@@ -75,7 +75,8 @@ def test_registered_whichever_glue_module_is_imported_first(first):
 
 LAZY = (
     "import sys, verl\n"
-    "ours = ['stapo.verl_plugin.trainer', 'stapo.verl_plugin.losses', 'stapo.verl_plugin.seeded_agent_loop',\n"
+    "ours = ['stapo.verl_plugin.training.trainer', 'stapo.verl_plugin.training.losses',\n"
+    "        'stapo.verl_plugin.reproducible.seeded_agent_loop',\n"
     "        'stapo.verl_plugin.cpu.rollout', 'verl.workers.engine_workers', 'verl.trainer.ppo.v1']\n"
     "print('AFTER_IMPORT_VERL', [m for m in ours if m in sys.modules])\n"
     "from verl.workers.rollout.base import get_rollout_class\n"
@@ -111,8 +112,8 @@ def test_each_registration_waits_for_its_registry_and_then_is_there():
 def test_the_agent_loop_entry_is_the_one_verl_s_decorator_writes():
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-    from stapo.verl_plugin.seeded_agent_loop import SeededSingleTurnAgentLoop
-    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+    from stapo.verl_plugin.reproducible.seeded_agent_loop import SeededSingleTurnAgentLoop
+    from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME
 
     cls = SeededSingleTurnAgentLoop
     assert _agent_loop_registry[AGENT_LOOP_NAME] == {"_target_": f"{cls.__module__}.{cls.__qualname__}"}
@@ -228,7 +229,7 @@ def test_masked_clip_without_the_typed_config_is_refused():
     cfg = compose_verl(
         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", f"{PL}.loss_mode=masked_clip"]
     )
-    with pytest.raises(STAPOConfigError, match="_target_=stapo.verl_plugin.config.STAPOPolicyLossConfig"):
+    with pytest.raises(STAPOConfigError, match="_target_=stapo.verl_plugin.training.config.STAPOPolicyLossConfig"):
         validate_run_config(cfg)
 
 

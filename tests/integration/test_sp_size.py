@@ -5,7 +5,7 @@ then lets verl resolve it: ``omega_conf_to_dataclass`` builds ``FSDPActorConfig`
 the deprecated key onto ``fsdp_config``) for the actor and, after the key renames verl's ``init_model`` makes
 (``engine_workers.py``), for the ref; the engine config so built is what ``FSDPEngine._init_device_mesh`` reads,
 and ``FSDPEngine.get_data_parallel_size`` divides the world by it. The helper
-(``stapo.verl_plugin.sp_size``) must agree on both roles, and the batch checks must derive DP 2 from SP 2 on 4
+(``stapo.verl_plugin.preflight.sp_size``) must agree on both roles, and the batch checks must derive DP 2 from SP 2 on 4
 ranks. Stand-in: ``torch.distributed.get_world_size`` answers 4 for ``get_data_parallel_size`` (a 4-process
 group is what ``tests/integration/sp_ranks.py`` starts for real; here only the division is verl's).
 """
@@ -21,8 +21,8 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
 from stapo.validation import STAPOConfigError
-from stapo.verl_plugin.run_checks import validate_run_config
-from stapo.verl_plugin.sp_size import data_parallel_size, role_sp_size
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
+from stapo.verl_plugin.preflight.sp_size import data_parallel_size, role_sp_size
 from tests.recipe_config import config_for_verl, recipe_config
 
 ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"

@@ -13,7 +13,7 @@ import random
 import pytest
 from verl.utils.metric import reduce_metrics
 
-from stapo.verl_plugin.trainer import check_step_token_counts, check_token_count, step_token_count
+from stapo.verl_plugin.training.trainer import check_step_token_counts, check_token_count, step_token_count
 
 KEY = "actor/stapo/loss_tokens"
 

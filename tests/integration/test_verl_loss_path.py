@@ -18,9 +18,9 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
 from stapo.masks import TOKEN_MASK_REGISTRY, MaskSettings
-from stapo.verl_plugin.jagged import TOKEN_WEIGHT
-from stapo.verl_plugin.losses import LOSS_TOKENS_METRIC, REFUSED_METRIC, STAPOLossFn, folded_mask_update
-from stapo.verl_plugin.trainer import in_loss_step_metrics
+from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT
+from stapo.verl_plugin.training.losses import LOSS_TOKENS_METRIC, REFUSED_METRIC, STAPOLossFn, folded_mask_update
+from stapo.verl_plugin.training.trainer import in_loss_step_metrics
 from tests.integration.verl_batches import (
     actor_config,
     compose_verl,

@@ -24,9 +24,9 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import prepare_micro_batches
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.jagged import TOKEN_WEIGHT
-from stapo.verl_plugin.losses import IN_LOSS_PREFIX, STAPOLossFn, folded_mask_update
-from stapo.verl_plugin.shard_mask import fold_shard
+from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT
+from stapo.verl_plugin.training.losses import IN_LOSS_PREFIX, STAPOLossFn, folded_mask_update
+from stapo.verl_plugin.training.shard_mask import fold_shard
 from tests.integration.test_verl_loss_path import ragged_rows, random_batch
 from tests.integration.verl_batches import actor_config, fold_as_trainer, run_micro_batches
 from tests.reference import REFERENCES, reference_masked_loss

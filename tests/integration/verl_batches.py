@@ -17,9 +17,9 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import MaskInputs, MaskSettings, TokenMask, build_token_mask
-from stapo.verl_plugin.config import TARGET
-from stapo.verl_plugin.jagged import TOKEN_WEIGHT, fold_masks
-from stapo.verl_plugin.losses import folded_mask_update
+from stapo.verl_plugin.training.config import TARGET
+from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT, fold_masks
+from stapo.verl_plugin.training.losses import folded_mask_update
 
 PL = "actor_rollout_ref.actor.policy_loss"
 

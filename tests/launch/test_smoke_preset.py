@@ -17,7 +17,7 @@ from verl.utils.config import validate_config
 
 from stapo.doctor import checks, tracebacks
 from stapo.doctor.smoke import SMOKE_PRESET, job_address, smoke_overrides, total_steps
-from stapo.verl_plugin.run_checks import validate_run_config
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
 from tests.e2e.test_compose import compose_recipe, resolved_recipe
 from tests.launch.local_cluster import REPO
 

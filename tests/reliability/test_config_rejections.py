@@ -22,7 +22,7 @@ from hydra.errors import ConfigCompositionException
 from recipe.stapo.main_stapo import CONF_DIR
 from stapo.masks import TOKEN_MASK_REGISTRY
 from stapo.validation import STAPOConfigError
-from stapo.verl_plugin.run_checks import validate_run_config
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
 
 PL = "actor_rollout_ref.actor.policy_loss"
 ACTOR = "actor_rollout_ref.actor"

@@ -65,7 +65,7 @@ def _step(engine, model, config, rank: int, poison: bool) -> dict:
     import torch.distributed as dist
     from verl.utils import tensordict_utils as tu
 
-    from stapo.verl_plugin.losses import REFUSED_METRIC, STAPOLossFn, folded_mask_update
+    from stapo.verl_plugin.training.losses import REFUSED_METRIC, STAPOLossFn, folded_mask_update
     from tests.integration.verl_batches import make_micro_batch
 
     rows, flat, tokens = _micro_batch(model, rank, poison=poison and rank == 1)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.losses import REFUSED_METRIC, STAPOLossFn, folded_mask_update
+from stapo.verl_plugin.training.losses import REFUSED_METRIC, STAPOLossFn, folded_mask_update
 from tests.integration.verl_batches import (
     actor_config,
     compose_verl,
@@ -183,7 +183,7 @@ def test_nonfinite_value_on_a_loss_token_gives_nan_loss_nan_gradient_and_is_coun
     i, t = 0, 0  # a response token with a negative advantage: never a candidate, so always a loss token
     assert mask[i, t] and advantages[i, t] < 0
     {"old": old, "new": new, "adv": advantages}[where][i, t] = NAN
-    with caplog.at_level(logging.WARNING, logger="stapo.verl_plugin.losses"):
+    with caplog.at_level(logging.WARNING, logger="stapo.verl_plugin.training.losses"):
         loss, grads, counts, metrics, _, _ = through_the_loss(source, old, new, entropy, advantages, mask)
     assert math.isnan(float(loss.detach()))
     kept = mask.clone()

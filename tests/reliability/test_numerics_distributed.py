@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.losses import REFUSED_METRIC
+from stapo.verl_plugin.training.losses import REFUSED_METRIC
 from tests.integration.gloo_ranks import free_port
 from tests.reference import REFERENCES, reference_clipped_token_loss, reference_spurious
 from tests.reliability.test_numerics import NAN, PROMPT, TAU_P, Q, batch
@@ -40,7 +40,9 @@ def _worker(rank: int, port: int, config, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        from stapo.verl_plugin.losses import STAPOLossFn  # imports verl: in the spawned rank, not at collection
+        from stapo.verl_plugin.training.losses import (
+            STAPOLossFn,  # imports verl: in the spawned rank, not at collection
+        )
         from tests.integration.verl_batches import metric_values, padded_rows, run_micro_batches
 
         old, new, entropy, advantages, mask = _shard(rank)

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 from stapo.credentials import MASK, find_secrets, redact, redact_text
 from stapo.validation import STAPOConfigError
-from stapo.verl_plugin.loggers import wandb_env_defaults
-from stapo.verl_plugin.run_checks import validate_run_config
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
+from stapo.verl_plugin.training.loggers import wandb_env_defaults
 from tests.recipe_config import config_for_verl, recipe_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -142,7 +142,7 @@ def test_the_seeded_rollouts_switch_keeps_verls_agent_loop_and_replay_order():
     replay order in place; the default pins them; a value that is not a boolean is refused in one line.
     (Belongs beside tests/unit/test_replay_order.py, which tests the pinning itself.)"""
     from stapo.validation import STAPOConfigError
-    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME, pin_reproducibility
+    from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME, pin_reproducibility
 
     def config(**stapo):
         return OmegaConf.create({"stapo": stapo, "actor_rollout_ref": {"rollout": {"agent": {

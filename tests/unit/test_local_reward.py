@@ -1,4 +1,4 @@
-"""Rewards scored in the agent-loop worker (stapo/verl_plugin/local_reward.py): verl's own ``_compute_score``
+"""Rewards scored in the agent-loop worker (stapo/verl_plugin/opt_in/local_reward.py): verl's own ``_compute_score``
 runs with the local handle in place of a reward-loop actor and gives what verl's ``RewardLoopWorker`` gives on
 the row as Ray delivers it (pickled), for right, wrong and answerless responses, concurrently; the row's
 ``extra_info`` that verl's reward manager writes into stays the caller's; the setting is read as documented
@@ -18,9 +18,9 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
 from stapo.models.tiny import build_tiny_model
-from stapo.verl_plugin import local_reward
-from stapo.verl_plugin.run_checks import STAPOConfigError, validate_run_config
-from stapo.verl_plugin.shared_agent_loops import SharedLoopWorker
+from stapo.verl_plugin.opt_in import local_reward
+from stapo.verl_plugin.preflight.run_checks import STAPOConfigError, validate_run_config
+from stapo.verl_plugin.training.shared_agent_loops import SharedLoopWorker
 from tests.actor_shim import AsActor
 from tests.recipe_config import config_for_verl
 

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from stapo.masks import TOKEN_MASK_REGISTRY, MaskSettings
-from stapo.verl_plugin.config import STAPOPolicyLossConfig
+from stapo.verl_plugin.training.config import STAPOPolicyLossConfig
 
 ALGO_DIR = Path(__file__).resolve().parents[2] / "conf" / "algo"
 SAME_MEANING = ("source", "tau_p", "entropy_quantile", "entropy_top_fraction", "entropy_denominator", "taco_alpha",

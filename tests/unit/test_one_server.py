@@ -1,4 +1,4 @@
-"""Requests straight to the one rollout server (stapo/verl_plugin/one_server.py): verl's own load balancer
+"""Requests straight to the one rollout server (stapo/verl_plugin/opt_in/one_server.py): verl's own load balancer
 (``GlobalRequestLoadBalancer``, its real class, called through tests/actor_shim.py, which answers ``.remote`` as
 an actor does, counting the calls) is asked once, then every request goes to its server with no balancer call; with
 two servers (the CPU presets on two nodes) the client says so and balances every request as verl's does; the
@@ -16,8 +16,8 @@ from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServer
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
-from stapo.verl_plugin import one_server
-from stapo.verl_plugin.run_checks import STAPOConfigError, validate_run_config
+from stapo.verl_plugin.opt_in import one_server
+from stapo.verl_plugin.preflight.run_checks import STAPOConfigError, validate_run_config
 from tests.actor_shim import AsActor
 from tests.recipe_config import config_for_verl
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
-from stapo.verl_plugin.weight_sync import DEFAULT_TIMEOUT_S
+from stapo.verl_plugin.training.diagnostic_outputs import GridAndSample, SpuriousTokenLog
+from stapo.verl_plugin.training.weight_sync import DEFAULT_TIMEOUT_S
 
 RECIPE = Path(__file__).resolve().parents[2] / "conf" / "stapo_trainer.yaml"
 

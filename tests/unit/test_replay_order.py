@@ -7,8 +7,8 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from stapo.verl_plugin.replay_order import SAMPLER_NAME, SubmissionOrderReplayBuffer, trajectory_order
-from stapo.verl_plugin.seeding import AGENT_LOOP_NAME, pin_reproducibility
+from stapo.verl_plugin.reproducible.replay_order import SAMPLER_NAME, SubmissionOrderReplayBuffer, trajectory_order
+from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME, pin_reproducibility
 
 
 def test_order_is_submission_then_session_then_output():
@@ -84,6 +84,6 @@ def test_pin_keeps_what_the_user_chose():
 
 def test_finished_rollouts_are_polled_often_enough_for_a_tiny_model():
     """verl's default 2 s poll would round every generation up to a multiple of 2 s."""
-    from stapo.verl_plugin.replay_order import POLL_INTERVAL_S
+    from stapo.verl_plugin.reproducible.replay_order import POLL_INTERVAL_S
 
     assert _buffer().poll_interval == POLL_INTERVAL_S <= 0.1

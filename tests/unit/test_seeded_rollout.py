@@ -14,7 +14,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from stapo.verl_plugin.cpu.sampling import Sampling, filter_logits, sample_batch, sample_group
-from stapo.verl_plugin.seeding import request_seed, seed_for_request
+from stapo.verl_plugin.reproducible.seeding import request_seed, seed_for_request
 
 EOS = 1
 
@@ -502,7 +502,7 @@ def test_server_refuses_inconsistent_groups(server, monkeypatch):
 def test_group_size_from_sampling_parameters():
     from omegaconf import OmegaConf
 
-    from stapo.verl_plugin.seeded_agent_loop import group_size
+    from stapo.verl_plugin.reproducible.seeded_agent_loop import group_size
 
     rollout = OmegaConf.create(
         {"n": 8, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "val_kwargs": {"n": 1, "temperature": 0, "top_p": 1.0,

@@ -1,4 +1,4 @@
-"""The agent-loop worker that builds each single-turn loop once (stapo/verl_plugin/shared_agent_loops.py): the
+"""The agent-loop worker that builds each single-turn loop once (stapo/verl_plugin/training/shared_agent_loops.py): the
 recipe's config chooses it, it builds a shareable loop once and serves every request with it, and any other loop
 is built per request by verl's own path. The worker here is not a Ray actor and its loops do not reach a server
 (their ``run`` and the TransferQueue put are captured); that the whole path samples what verl's per-request path
@@ -20,8 +20,13 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl.utils.import_utils import load_class_from_fqn
 
 from stapo.models.tiny import build_tiny_model
-from stapo.verl_plugin.seeded_agent_loop import SeededSingleTurnAgentLoop
-from stapo.verl_plugin.shared_agent_loops import MANAGER_PATH, SHAREABLE_LOOPS, SharedLoopManager, SharedLoopWorker
+from stapo.verl_plugin.reproducible.seeded_agent_loop import SeededSingleTurnAgentLoop
+from stapo.verl_plugin.training.shared_agent_loops import (
+    MANAGER_PATH,
+    SHAREABLE_LOOPS,
+    SharedLoopManager,
+    SharedLoopWorker,
+)
 from tests.recipe_config import config_for_verl
 
 

@@ -11,7 +11,7 @@ import torch
 from stapo.gradnorm import exact_norm_shares
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask
 from stapo.rundir import TAIL_PREFIX
-from stapo.verl_plugin.driver_diagnostics import flat_token_stats, tail_metrics
+from stapo.verl_plugin.training.driver_diagnostics import flat_token_stats, tail_metrics
 
 
 def _rows(lengths, seed, unused=True):

@@ -212,7 +212,7 @@ def test_the_build_is_deterministic_cached_and_reachable_as_stapo_tailbed(quick_
 def test_the_preset_composes_on_the_testbeds_settings_and_passes_the_check(algo, tmp_path):
     from stapo.check import compose_run
     from stapo.input_checks import check_inputs
-    from stapo.verl_plugin.run_checks import validate_run_config
+    from stapo.verl_plugin.preflight.run_checks import validate_run_config
     from tests.recipe_config import config_for_verl, recipe_config
 
     data = f"stapo.synthetic_data_dir={tmp_path}"

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from recipe.stapo.main_stapo import CONF_DIR
 from stapo.eval.core import DECODING
 from stapo.eval.val_metrics import benchmark_val_metrics, decoding_key
-from stapo.verl_plugin.val_decodings import DECODING_FIELD, DecodedBatches, decoded_validation, sampling_of
+from stapo.verl_plugin.training.val_decodings import DECODING_FIELD, DecodedBatches, decoded_validation, sampling_of
 
 
 @pytest.mark.parametrize("key, expected", [
@@ -87,7 +87,7 @@ def test_seeded_loop_sends_the_rows_decoding_with_the_same_seed_and_group(monkey
     from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
     from stapo.verl_plugin.cpu.rollout import GROUP_PARAM
-    from stapo.verl_plugin.seeded_agent_loop import SeededSingleTurnAgentLoop
+    from stapo.verl_plugin.reproducible.seeded_agent_loop import SeededSingleTurnAgentLoop
 
     sent = []
 

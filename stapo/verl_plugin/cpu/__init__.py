@@ -98,7 +98,7 @@ def enable_for_run(config) -> bool:
         hide = os.environ.get(HIDE_VLLM_FLAG, "1")
         OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{HIDE_VLLM_FLAG}", hide, force_add=True)
     activate_if_requested()
-    from stapo.verl_plugin.seeding import SWITCH_KEY, pin_reproducibility, seeded_rollouts
+    from stapo.verl_plugin.reproducible.seeding import SWITCH_KEY, pin_reproducibility, seeded_rollouts
 
     # a CPU run is bit-for-bit reproducible (docs/reproducibility.md): seeded requests, batch in submission order
     for setting in pin_reproducibility(config):

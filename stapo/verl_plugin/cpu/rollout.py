@@ -36,7 +36,7 @@ from stapo.models.generation import generation_ids
 from stapo.models.qwen3 import UNUSED_FROM_KEY
 from stapo.verl_plugin.cpu import ROLLOUT_NAME
 from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD, Sampling, sample_batch
-from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME
 
 logger = logging.getLogger(__name__)
 

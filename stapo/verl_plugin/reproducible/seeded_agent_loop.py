@@ -1,7 +1,7 @@
 """The ``stapo_seeded`` agent loop: verl's single-turn loop that sends a per-request sampling seed.
 
 Chosen with ``actor_rollout_ref.rollout.agent.default_agent_loop=stapo_seeded``; the seed comes
-from ``stapo.verl_plugin.seeding.seed_for_request``. For the CPU back-end's HF server it also
+from ``stapo.verl_plugin.reproducible.seeding.seed_for_request``. For the CPU back-end's HF server it also
 announces the request's group (the n samples of one prompt), which that server generates as one
 batch; vLLM gets the seed only (its sampling parameters take no other key). A validation row tagged
 with a further decoding setting (``stapo.val_decodings``, see ``val_decodings``) is sampled at that
@@ -16,8 +16,8 @@ from verl.experimental.agent_loop.agent_loop import register
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 from stapo.verl_plugin.cpu.rollout import GROUP_PARAM, ROLLOUT_NAME
-from stapo.verl_plugin.seeding import AGENT_LOOP_NAME, seed_for_request
-from stapo.verl_plugin.val_decodings import DECODING_FIELD, sampling_of
+from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME, seed_for_request
+from stapo.verl_plugin.training.val_decodings import DECODING_FIELD, sampling_of
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 

@@ -29,9 +29,9 @@ from stapo.validation import (
     did_you_mean,
     is_finite_number,
 )
-from stapo.verl_plugin.batch_checks import check_run_batches
 from stapo.verl_plugin.cpu import vllm_cpu
-from stapo.verl_plugin.sp_size import data_parallel_size
+from stapo.verl_plugin.preflight.batch_checks import check_run_batches
+from stapo.verl_plugin.preflight.sp_size import data_parallel_size
 
 # No verl import at module level: importing verl loads this package's plugin, whose trainer imports
 # this module; a module-level verl import here would make that a circular import when this module
@@ -41,7 +41,7 @@ PL = "actor_rollout_ref.actor.policy_loss"
 ACTOR = "actor_rollout_ref.actor."
 GPU_ONLY_ROLLOUTS = ("sglang", "trtllm")
 TOKEN_MEAN = "token-mean"
-LOSS_NAME = "masked_clip"  # stapo.verl_plugin.losses.LOSS_NAME, without importing verl here
+LOSS_NAME = "masked_clip"  # stapo.verl_plugin.training.losses.LOSS_NAME, without importing verl here
 RENAMED_LOSS_MODES = ("stapo", "entropy20")  # loss modes of earlier versions, now token masks
 
 
@@ -66,7 +66,7 @@ def validate_run_config(config) -> None:
 
 def _check_token_mask(config) -> None:
     """The mask's settings, what its registry entry needs, and the trainer that folds it."""
-    from stapo.verl_plugin.config import TARGET
+    from stapo.verl_plugin.training.config import TARGET
 
     actor = config.actor_rollout_ref.actor
     policy_loss = actor.policy_loss
@@ -117,7 +117,7 @@ def _check_token_mask(config) -> None:
     regularised = bool(actor.get("use_kl_loss", False)) or float(actor.get("entropy_coeff", 0.0)) != 0.0
     check_aggregation(settings.count_only_rule, loss_mode, actor.get("loss_agg_mode", TOKEN_MEAN), regularised, ACTOR)
     if settings.folded and settings.threshold_scope == "mini_batch":
-        from stapo.verl_plugin.mini_batches import MiniBatchSplit
+        from stapo.verl_plugin.training.mini_batches import MiniBatchSplit
 
         MiniBatchSplit.from_config(actor, config.actor_rollout_ref.rollout.n).check()
     rollout_correction = config.algorithm.get("rollout_correction", None) or {}
@@ -323,7 +323,7 @@ def _check_distillation(config) -> None:
 def _check_geo_mean(config) -> None:
     """verl's ``geo_mean`` averages each micro-batch on its own: split into several micro-batches (or with
     dynamic batch size) the mini-batch gradient is scaled by their number. ``gmpo`` is the same objective
-    averaged over the whole mini-batch (``stapo.verl_plugin.losses``)."""
+    averaged over the whole mini-batch (``stapo.verl_plugin.training.losses``)."""
     actor = config.actor_rollout_ref.actor
     if actor.policy_loss.get("loss_mode", "vanilla") != "geo_mean":
         return
@@ -347,7 +347,7 @@ def _check_recipe_keys(config) -> None:
         value = OmegaConf.select(config, f"stapo.{key}", default=0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise STAPOConfigError(f"stapo.{key} must be an integer >= 0, got {value!r}")
-    from stapo.verl_plugin.weight_sync import DEFAULT_TIMEOUT_S
+    from stapo.verl_plugin.training.weight_sync import DEFAULT_TIMEOUT_S
 
     timeout = OmegaConf.select(config, "stapo.weight_sync_timeout_s", default=DEFAULT_TIMEOUT_S)
     if isinstance(timeout, bool) or not is_finite_number(timeout) or timeout <= 0:
@@ -384,7 +384,7 @@ def _check_recipe_keys(config) -> None:
 def _check_val_decodings(config) -> None:
     """``stapo.val_decodings``: distinct names of the evaluation's decoding settings, sent by the seeded agent loop."""
     from stapo.eval.core import DECODING
-    from stapo.verl_plugin.seeding import AGENT_LOOP_NAME, REPLACED_AGENT_LOOPS
+    from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME, REPLACED_AGENT_LOOPS
 
     names = OmegaConf.select(config, "stapo.val_decodings", default=None) or []
     if isinstance(names, str) or not all(isinstance(name, str) for name in names):

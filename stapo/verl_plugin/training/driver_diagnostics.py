@@ -32,10 +32,10 @@ from stapo.rundir import ENTROPY_MAX, ENTROPY_TOKEN_MEAN, TAIL_MASS, TAIL_MASS_M
 from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
 from stapo.token_sample import spread_positions
 from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD
-from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
-from stapo.verl_plugin.jagged import flat_fields
-from stapo.verl_plugin.losses import METRIC_PREFIX
-from stapo.verl_plugin.mini_batches import MiniBatchSplit, token_parts
+from stapo.verl_plugin.training.diagnostic_outputs import GridAndSample, SpuriousTokenLog
+from stapo.verl_plugin.training.jagged import flat_fields
+from stapo.verl_plugin.training.losses import METRIC_PREFIX
+from stapo.verl_plugin.training.mini_batches import MiniBatchSplit, token_parts
 
 REWARD_EXTRA_FIELD = "extra_fields"
 # the old-pass fields every due diagnostic reads

@@ -9,7 +9,7 @@ submitted (the dataloader's order: TransferQueue lists keys in first-insertion o
 trainer inserts every prompt key, in batch order, before generation), then by sample
 (``session_id``) and output index.
 
-Plugged in with verl's own hook: ``trainer.v1.sampler.custom_sampler.path=pkg://stapo.verl_plugin.replay_order``
+Plugged in with verl's own hook: ``trainer.v1.sampler.custom_sampler.path=pkg://stapo.verl_plugin.reproducible.replay_order``
 and ``...custom_sampler.name=SubmissionOrderReplayBuffer``. verl gives a custom sampler only the
 base arguments (no DAPO group filtering, no failed-group refill), so it is for the plain sync
 trainer; ``stapo.verl_plugin.cpu.enable_for_run`` installs it only then.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-SAMPLER_PATH = "pkg://stapo.verl_plugin.replay_order"
+SAMPLER_PATH = "pkg://stapo.verl_plugin.reproducible.replay_order"
 SAMPLER_NAME = "SubmissionOrderReplayBuffer"
 
 

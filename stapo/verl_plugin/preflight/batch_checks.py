@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from stapo.validation import STAPOConfigError, check_positive_int
-from stapo.verl_plugin.sp_size import check_sp_model, data_parallel_size
+from stapo.verl_plugin.preflight.sp_size import check_sp_model, data_parallel_size
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2")
 ACTOR, REF = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
@@ -27,8 +27,8 @@ def check_batch_sizes(
     """The divisibility verl's workers assert mid-step, checked up front (sizes in prompts, as in verl).
 
     One step holds ``train_batch_size * rollout_n`` responses, split evenly over the ``dp_size`` data-parallel
-    ranks (world / the actor's sequence-parallel size, ``stapo.verl_plugin.sp_size``); each PPO mini-batch holds
-    ``mini_batch_size * rollout_n``. ``micro_batch_size`` (the update) and ``log_prob_micro_batch_sizes`` (key ->
+    ranks (world / the actor's sequence-parallel size, ``stapo.verl_plugin.preflight.sp_size``); each PPO mini-batch
+    holds ``mini_batch_size * rollout_n``. ``micro_batch_size`` (the update) and ``log_prob_micro_batch_sizes`` (key ->
     size, the actor's log-prob passes) are per GPU, ``None`` when dynamic batching replaces them.
     """
     tb, mini = "data.train_batch_size", "actor_rollout_ref.actor.ppo_mini_batch_size"

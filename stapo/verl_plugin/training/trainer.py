@@ -27,11 +27,12 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.masks import finalize_metrics, get_token_mask
-from stapo.verl_plugin.actor_worker import STAPOActorWorker
 from stapo.verl_plugin.cpu.rollout import announce_submissions
-from stapo.verl_plugin.diagnostic_outputs import GridAndSample, SpuriousTokenLog
-from stapo.verl_plugin.driver_diagnostics import DriverDiagnostics
-from stapo.verl_plugin.losses import (
+from stapo.verl_plugin.preflight.run_checks import validate_run_config
+from stapo.verl_plugin.training.actor_worker import STAPOActorWorker
+from stapo.verl_plugin.training.diagnostic_outputs import GridAndSample, SpuriousTokenLog
+from stapo.verl_plugin.training.driver_diagnostics import DriverDiagnostics
+from stapo.verl_plugin.training.losses import (
     DEFINED_SUFFIX,
     IN_LOSS_PREFIX,
     LOSS_TOKENS_METRIC,
@@ -39,12 +40,11 @@ from stapo.verl_plugin.losses import (
     STAPOLossFn,
     mask_settings,
 )
-from stapo.verl_plugin.mini_batches import MiniBatchSplit
-from stapo.verl_plugin.run_checks import validate_run_config
-from stapo.verl_plugin.shard_mask import FOLDED_LOSS_TOKENS
-from stapo.verl_plugin.val_bootstrap import install as install_vectorised_bootstrap
-from stapo.verl_plugin.val_decodings import decoded_validation
-from stapo.verl_plugin.weight_sync import DEFAULT_TIMEOUT_S, with_deadline
+from stapo.verl_plugin.training.mini_batches import MiniBatchSplit
+from stapo.verl_plugin.training.shard_mask import FOLDED_LOSS_TOKENS
+from stapo.verl_plugin.training.val_bootstrap import install as install_vectorised_bootstrap
+from stapo.verl_plugin.training.val_decodings import decoded_validation
+from stapo.verl_plugin.training.weight_sync import DEFAULT_TIMEOUT_S, with_deadline
 
 logger = logging.getLogger(__name__)
 

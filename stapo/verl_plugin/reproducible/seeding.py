@@ -94,7 +94,7 @@ def pin_reproducibility(config) -> list[str]:
     """
     from omegaconf import OmegaConf
 
-    from stapo.verl_plugin.replay_order import SAMPLER_NAME, SAMPLER_PATH
+    from stapo.verl_plugin.reproducible.replay_order import SAMPLER_NAME, SAMPLER_PATH
 
     changed = []
     if not seeded_rollouts(config):

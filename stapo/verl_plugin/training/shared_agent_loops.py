@@ -25,12 +25,12 @@ from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ, AgentLoopWorkerTQ
 from verl.utils.rollout_trace import rollout_trace_attr
 
-from stapo.verl_plugin import group_puts, local_reward, one_server
-from stapo.verl_plugin.seeding import AGENT_LOOP_NAME
+from stapo.verl_plugin.opt_in import group_puts, local_reward, one_server
+from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME
 
 # agent loops whose instance holds nothing of a request: one instance serves a worker's requests
 SHAREABLE_LOOPS = frozenset({AGENT_LOOP_NAME, "single_turn_agent"})
-MANAGER_PATH = "stapo.verl_plugin.shared_agent_loops.SharedLoopManager"
+MANAGER_PATH = "stapo.verl_plugin.training.shared_agent_loops.SharedLoopManager"
 
 
 class SharedLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):

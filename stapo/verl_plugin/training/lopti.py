@@ -32,7 +32,7 @@ from verl.workers.engine_workers import TrainingWorker
 
 from stapo.lopti import PHASES, low_probability, phase_masks
 from stapo.quantile import all_reduce_sum
-from stapo.verl_plugin.jagged import flat_fields, jagged
+from stapo.verl_plugin.training.jagged import flat_fields, jagged
 
 # the phases' own metrics and token counts, under actor/stapo/lopti/ (the worker's keys get verl's "actor/")
 PHASE_PREFIX = "stapo/lopti/"

@@ -2,10 +2,10 @@
 
 The STAPO trainer maps the actor role to :class:`STAPOActorWorker` (``STAPOTrainer._init_resource_pool_mgr``,
 the way verl's own separate-async trainer swaps in its worker). Only ``update_actor`` differs:
-:func:`stapo.verl_plugin.shard_mask.fold_shard` runs on the shard verl fetched for this rank, then
+:func:`stapo.verl_plugin.training.shard_mask.fold_shard` runs on the shard verl fetched for this rank, then
 verl's update runs unchanged, and the mask's DP-global metrics join verl's as ``actor/stapo/*``. With
 ``policy_loss.lopti`` verl's update runs twice, on the low- then the high-probability tokens
-(:mod:`stapo.verl_plugin.lopti`, whose ``TrainingWorker`` keeps the scheduler to one step per step).
+(:mod:`stapo.verl_plugin.training.lopti`, whose ``TrainingWorker`` keeps the scheduler to one step per step).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from stapo.masks import MaskSettings
-from stapo.verl_plugin.lopti import STAPOTrainingWorker, two_phase_update
-from stapo.verl_plugin.losses import METRIC_PREFIX, folded_mask_update, mask_settings
-from stapo.verl_plugin.shard_mask import fold_shard
+from stapo.verl_plugin.training.lopti import STAPOTrainingWorker, two_phase_update
+from stapo.verl_plugin.training.losses import METRIC_PREFIX, folded_mask_update, mask_settings
+from stapo.verl_plugin.training.shard_mask import fold_shard
 
 # verl prefixes the worker's metrics with "actor/": these arrive under METRIC_PREFIX (actor/stapo/*)
 VERL_ACTOR_PREFIX = "actor/"

@@ -49,7 +49,7 @@ from stapo.loss import (
 )
 from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask, group_totals
 from stapo.quantile import dp_ranks
-from stapo.verl_plugin.jagged import TOKEN_WEIGHT, padded_token_weight
+from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT, padded_token_weight
 
 logger = logging.getLogger(__name__)
 

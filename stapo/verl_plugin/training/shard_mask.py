@@ -32,8 +32,8 @@ from stapo.masks import (
     get_token_mask,
     group_totals,
 )
-from stapo.verl_plugin.jagged import empty_rows, flat_fields, fold_masks, jagged, store_token_weight
-from stapo.verl_plugin.mini_batches import MiniBatchSplit, token_parts
+from stapo.verl_plugin.training.jagged import empty_rows, flat_fields, fold_masks, jagged, store_token_weight
+from stapo.verl_plugin.training.mini_batches import MiniBatchSplit, token_parts
 
 # the folded loss_mask's DP-global token count; the trainer checks that verl divided by it
 FOLDED_LOSS_TOKENS = "loss_tokens_folded"
