@@ -38,8 +38,10 @@ lint-tools: setup
 # two pytest-xdist workers: two trainer runs side by side keep both cores busy; tests/parallel.py says
 # which tests a worker takes together (PYTEST_WORKERS=0: one process)
 PYTEST_WORKERS ?= 2
+# the whole suite, then the GPU image's transformers over the CPU stack (test-image-versions, below)
 test: setup lint-tools
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests
+	$(MAKE) --no-print-directory test-image-versions
 
 # the edit-test loop: everything but the trainer runs and the tests that start processes (lint included)
 test-fast: setup lint-tools
@@ -47,10 +49,14 @@ test-fast: setup lint-tools
 
 # The GPU image's transformers (requirements/image-versions.txt) over the CPU stack, in a folder of its own put first
 # on PYTHONPATH: the fast tests that load models, build batches or check configs, and one trainer run (two FSDP ranks;
-# Ray's workers inherit the path). torch 2.11 and vLLM 0.24 stay the image's alone (the file says why). About 7 min
-# on 2 cores (fast part 5 min at -n 2, trainer run 2 min): a CI step of its own, not part of `make test`.
+# Ray's workers inherit the path). torch 2.11 and vLLM 0.24 stay the image's alone (the file says why). `make test`
+# runs it after the suite: 200 s on a 2-core AMD EPYC (the fast part at -n 2, then the trainer run, 78 s).
 IMAGE_OVERLAY := .venv-image
-IMAGE_FAST_TESTS ?= tests/unit tests/integration tests/reliability/test_config_rejections.py tests/e2e/test_compose.py
+# the tests where transformers does the work (models built and loaded, verl's forward on the padding-free and padded
+# paths, the loss through verl's engine, the recipe's composition): the whole of tests/unit and
+# tests/integration under it take about 5 min more on 2 cores (IMAGE_FAST_TESTS="tests/unit tests/integration")
+IMAGE_FAST_TESTS ?= tests/unit tests/integration/test_padding_free_parity.py tests/integration/test_verl_loss_path.py \
+	tests/integration/test_agg_modes.py tests/e2e/test_compose.py
 IMAGE_TRAINER_TEST ?= tests/e2e/test_trainer_cpu.py::test_stapo_with_two_fsdp_ranks_over_gloo
 $(IMAGE_OVERLAY)/.installed: requirements/image-versions.txt $(STAMP)
 	rm -rf $(IMAGE_OVERLAY)

@@ -61,7 +61,9 @@ def test_a_worker_of_a_run_on_the_hf_server_registers_without_importing_vllm(hid
 
 
 @pytest.mark.slow  # starts processes: out of make test-fast
-@pytest.mark.parametrize("first", ["driver_diagnostics", "losses", "shard_mask", "actor_worker"])
+@pytest.mark.parametrize(
+    "first", ["training.driver_diagnostics", "training.losses", "training.shard_mask", "training.actor_worker"]
+)
 def test_registered_whichever_glue_module_is_imported_first(first):
     """A glue module imported before verl used to trigger the entry point while half-imported itself:
     the trainer's import of it failed inside verl's plugin loader and trainer 'stapo' went missing."""
