@@ -11,12 +11,12 @@ ETA that counts the validations still to come.
 
 ``RUN_DIR`` is ``stapo.run_dir``; when the overrides do not set it, ``runs/train-<time>`` here (printed). On a
 cluster it must be on storage that the node running verl's trainer writes and this machine reads (the
-trainer's file logger writes ``metrics.jsonl`` there). The exit status is the recipe's.
+trainer's file logger writes ``metrics.jsonl`` there). The exit status is the recipe's. wandb stays offline
+unless ``WANDB_MODE`` is set (``WANDB_MODE=online`` uploads), as for every run of this project.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -57,16 +57,6 @@ def run_folder(config, overrides: list[str]) -> tuple[Path, list[str]]:
     return folder, [*overrides, f"stapo.run_dir={folder}"]
 
 
-def child_env(config) -> dict[str, str]:
-    """The recipe's environment as a direct run would have it: the trainer runner defaults wandb to offline (for
-    the tests and the demo), which a run that logs to wandb and did not say so itself must not get."""
-    from omegaconf import OmegaConf
-
-    loggers = OmegaConf.select(config, "trainer.logger", default=[]) or []
-    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
-    return {"WANDB_MODE": "online"} if "wandb" in loggers and "WANDB_MODE" not in os.environ else {}
-
-
 def main(argv: list[str]) -> int:
     from stapo.check import check_run, compose_run, composed_choices, quiet_optional_engines, run_summary
 
@@ -89,7 +79,7 @@ def main(argv: list[str]) -> int:
     steps, test_freq = progress_plan(config)
     print(f"[train] run folder {run_dir}: the trainer's whole output goes to {run_dir / 'trainer.log'}", flush=True)
     result = run_trainer(overrides, run_dir, steps, choices.get("algo", "train"), "verbose" in options,
-                         test_freq=test_freq, cwd=Path.cwd(), env=child_env(config))
+                         test_freq=test_freq, cwd=Path.cwd())
     if result.returncode != 0:
         lines = result.log_path.read_text(encoding="utf-8", errors="replace").splitlines(True)[-LOG_TAIL_LINES:]
         print("".join(lines), end="", flush=True)
