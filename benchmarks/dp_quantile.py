@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from benchmarks.common import fmt_num, md_row
-from stapo.quantile import global_quantile, linear_quantile
-from stapo.s2t import detect_spurious
+from stapo.algorithm.quantile import global_quantile, linear_quantile
+from stapo.algorithm.s2t import detect_spurious
 
 
 def _free_port() -> int:

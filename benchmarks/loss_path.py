@@ -32,7 +32,7 @@ from verl.workers.utils.losses import ppo_loss
 
 from benchmarks.common import fmt_num, fmt_peak, interleaved, md_row, measure_memory, paired_ratio
 from benchmarks.mask_build import LOW_PROB_SHARE
-from stapo.s2t import detect_spurious
+from stapo.algorithm.s2t import detect_spurious
 from stapo.verl_plugin.training.losses import STAPOLossFn, folded_mask_update
 from tests.integration.verl_batches import actor_config, compose_verl
 

@@ -24,9 +24,9 @@ import torch
 
 from benchmarks.common import Samples, fmt_bytes, fmt_num, md_row, measure_memory, rss_kib, rss_peak_reset, sync
 from benchmarks.old_pass import PassCost
-from stapo.ablation import threshold_grid
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask
-from stapo.s2t import detect_spurious
+from stapo.algorithm.ablation import threshold_grid
+from stapo.algorithm.masks import MaskInputs, MaskSettings, build_token_mask
+from stapo.algorithm.s2t import detect_spurious
 
 try:  # the fold is verl's layout (stapo.verl_plugin imports verl); a lent GPU machine has no verl: fold n/a
     from stapo.verl_plugin.training.jagged import fold_masks

@@ -108,7 +108,7 @@ def store_batch(tq, responses: int, max_len: int, distribution: str, seed: int =
 
 def driver_diagnostics(run_dir: Path):
     """The trainer's ``DriverDiagnostics`` with the recipe's default diagnostics, writing into ``run_dir``."""
-    from stapo.masks import MaskSettings, get_token_mask
+    from stapo.algorithm.masks import MaskSettings, get_token_mask
     from stapo.verl_plugin.training.diagnostic_outputs import GridAndSample, SpuriousTokenLog
     from stapo.verl_plugin.training.driver_diagnostics import DriverDiagnostics
 

@@ -1,6 +1,6 @@
 """STAPO: Spurious-Token-Aware Policy Optimization on top of verl.
 
-The core (``stapo.s2t``, ``stapo.loss``) is pure torch and imports nothing from verl;
+The core (``stapo.algorithm.s2t``, ``stapo.algorithm.loss``) is pure torch and imports nothing from verl;
 ``stapo.verl_plugin`` is the only package that touches verl internals.
 """
 

@@ -14,7 +14,7 @@ import argparse
 import re
 import warnings
 
-from stapo.validation import STAPOConfigError, did_you_mean
+from stapo.algorithm.validation import STAPOConfigError, did_you_mean
 
 OVERRIDE_KEY = re.compile(r"^[~+]*([^=~+][^=]*)=")
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"stapo: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    from stapo.validation import STAPOConfigError, refusal_line
+    from stapo.algorithm.validation import STAPOConfigError, refusal_line
 
     module = importlib.import_module(COMMANDS[name][0])
     previous = _stop_on_sigterm() if name in STARTS_TRAINERS else None

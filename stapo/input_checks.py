@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from stapo.validation import STAPOConfigError, did_you_mean
+from stapo.algorithm.validation import STAPOConfigError, did_you_mean
 
 MODEL_KEY = "actor_rollout_ref.model.path"
 SKIP_ENV = "STAPO_SKIP_PATH_CHECKS"

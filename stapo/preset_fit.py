@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 
 MODEL_KEY = "actor_rollout_ref.model.path"
 ALLOW_KEY = "stapo.cpu_preset.allow_other_inputs"

@@ -1,5 +1,5 @@
 """The silenced-token log: its record format, the file, its summary (the selection of a capped step is
-``stapo.token_sample.spread_positions``).
+``stapo.algorithm.token_sample.spread_positions``).
 
 One record per silenced token (the paper's word clouds, as data): the token, a few tokens of
 context either side, its probability and entropy. Pure: takes token ids, the mask, per-token

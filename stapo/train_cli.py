@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 
 LOG_TAIL_LINES = 40
 OPTIONS = {"-v": "verbose", "--verbose": "verbose", "-h": "help", "--help": "help"}

@@ -82,7 +82,7 @@ def reference_percentiles(entropy, response_mask) -> dict[str, float]:
 
 
 def reference_common_counts(inputs, drop_response, drop_count) -> dict[str, float]:
-    """The token counts every entry reports (stapo.masks docstring): over response tokens only."""
+    """The token counts every entry reports (stapo.algorithm.masks docstring): over response tokens only."""
     mask, adv = inputs["response_mask"], inputs["advantages"]
     tokens = _tokens(mask)
     counts = {

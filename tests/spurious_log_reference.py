@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
-from stapo.token_sample import spread_positions
+from stapo.algorithm.token_sample import spread_positions
 
 
 def spread_evenly(spurious: torch.Tensor, max_tokens: int) -> torch.Tensor:

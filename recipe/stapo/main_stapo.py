@@ -108,7 +108,7 @@ def run(config: DictConfig) -> None:
 
 def refuse(error: Exception) -> None:
     """The one line of a refused setting, exit code 2 (the same on every `stapo` command)."""
-    from stapo.validation import refusal_line
+    from stapo.algorithm.validation import refusal_line
 
     if os.environ.get("STAPO_DEBUG") == "1":
         traceback.print_exception(error)
@@ -118,7 +118,7 @@ def refuse(error: Exception) -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name=CONFIG_NAME, version_base=None)
 def hydra_main(config: DictConfig) -> None:
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     try:
         run(config)
@@ -136,7 +136,7 @@ def main() -> None:
     from hydra._internal.utils import get_args_parser
 
     from stapo.check import compose_run, quiet_optional_engines
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     quiet_optional_engines()
 

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stapo.validation import STAPOConfigError, did_you_mean
+from stapo.algorithm.validation import STAPOConfigError, did_you_mean
 
 ALGOS = ("stapo", "grpo", "justrl", "entropy20")
 
@@ -181,7 +181,7 @@ def fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """Refuse bad sizes before anything starts, naming the option and the allowed range."""
-    from stapo.validation import check_entropy_quantile, check_tau_p
+    from stapo.algorithm.validation import check_entropy_quantile, check_tau_p
 
     check_tau_p(args.tau_p, "demo: --tau-p: ")
     check_entropy_quantile(args.entropy_quantile, "demo: --entropy-quantile: ")

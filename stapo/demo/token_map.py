@@ -1,7 +1,7 @@
 """The paper's analysis plots for any run folder: where the silenced tokens sit, and which they are.
 
 - ``token_map.png``: probability (log scale) against entropy of the sampled response tokens
-  (``token_samples.jsonl``, written by the trainer with ``stapo.token_sample``), positive- and
+  (``token_samples.jsonl``, written by the trainer with ``stapo.algorithm.token_sample``), positive- and
   negative-advantage tokens in two panels, with the S2T region (p < tau_p, H < tau_h of the step)
   drawn and the silenced tokens marked;
 - the spurious-token table is ``spurious_summary.md`` (``stapo.spurious_log.write_summary``).

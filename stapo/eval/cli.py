@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from stapo.input_checks import check_model_path
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     args = build_parser().parse_args(argv)
     if args.limit is not None and args.limit < 1:

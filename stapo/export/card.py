@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-# the settings each token-mask registry entry reads (stapo.masks.MaskSettings); others show them all
+# the settings each token-mask registry entry reads (stapo.algorithm.masks.MaskSettings); others show them all
 MASK_SETTINGS = {
     "none": (),
     "stapo": ("source", "tau_p", "entropy_quantile", "threshold_scope"),

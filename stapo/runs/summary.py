@@ -61,7 +61,7 @@ MASK = "actor/stapo/mask_ratio"
 # the spurious tokens' and all positive-advantage tokens' summed gradient-norm bounds, per step
 GRAD_BOUND = ("actor/stapo/grad_bound_spurious", "actor/stapo/grad_bound_positive")
 REWARD = ("critic/score/mean", "critic/rewards/mean")
-# the exact grad-norm shares (the driver logs stapo.gradnorm.exact_norm_shares' keys under actor/stapo/)
+# the exact grad-norm shares (the driver logs stapo.algorithm.gradnorm.exact_norm_shares' keys under actor/stapo/)
 NORM_SHARE = "actor/stapo/grad_norm_share_spurious"
 NORM_SQ_SHARE = "actor/stapo/grad_norm_sq_share_spurious"
 LATE_STEPS = 10

@@ -1,8 +1,8 @@
 """What the S2T mask would have silenced at other thresholds, over seeds: the logged threshold grid as a table.
 
 Every run logs, each step, the share of response tokens each (tau_p, q) of the grid in
-``stapo.ablation`` would have silenced among its positive-advantage tokens
-(``actor/stapo/ablation/pos/tau_p=..,q=../mask_ratio``, stapo/ablation.py), from the same old-pass
+``stapo.algorithm.ablation`` would have silenced among its positive-advantage tokens
+(``actor/stapo/ablation/pos/tau_p=..,q=../mask_ratio``, stapo/algorithm/ablation.py), from the same old-pass
 tensors the mask reads. Per run: the mean over its steps; per group: mean ± SE over seeds, tau_p down,
 q across. It says, before any training ablation is spent, how far apart the grid's cells are on this
 task: two cells that silence the same tokens cannot train differently.

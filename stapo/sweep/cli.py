@@ -377,7 +377,7 @@ def check_cells(runs: list[PlannedRun], common: list[str], paths: bool) -> list:
     failing when its turn comes. ``paths``: also the model and data files (they are on this machine for a
     local sweep; on a cluster's nodes for ``--launcher ray``). The composed configs, in the order of ``runs``."""
     from stapo.check import check_run, compose_run
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     configs = []
     for run in runs:

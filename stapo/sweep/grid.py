@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 
 SEED_KEYS = ("data.seed", "actor_rollout_ref.rollout.seed")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")  # no "=" or ",": the path is a Hydra override value

@@ -22,7 +22,7 @@ from stapo.runs.compare import mean_se, summarize_group, summarize_run, write_co
 from stapo.runs.folder import group_runs, load_run, load_run_config, name_and_seed, read_run_metrics
 from stapo.runs.plot import group_series, plot_groups
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan, split_values
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.wandb_offline import read_history, read_records, wandb_files
 
 

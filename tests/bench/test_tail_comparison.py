@@ -24,10 +24,10 @@ STEPS = 14  # more than LATE_STEPS, so the late window is a part of the run
 
 def test_the_names_are_the_ones_the_driver_logs():
     """The tail names have one spelling (stapo.rundir) that the driver writes and the comparison reads; the
-    grad-norm shares are the driver's prefix on the keys stapo.gradnorm.exact_norm_shares returns."""
+    grad-norm shares are the driver's prefix on the keys stapo.algorithm.gradnorm.exact_norm_shares returns."""
     import torch
 
-    from stapo.gradnorm import exact_norm_shares
+    from stapo.algorithm.gradnorm import exact_norm_shares
     from stapo.verl_plugin.training import driver_diagnostics as driver
     from stapo.verl_plugin.training.losses import METRIC_PREFIX
 

@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 
-from stapo.masks import MaskSettings
+from stapo.algorithm.masks import MaskSettings
 from stapo.verl_plugin.training.shard_mask import fold_shard
 from tests.integration.jagged_rows import response_rows
 

@@ -189,7 +189,7 @@ def reference(model_path: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 def check(results: dict, model_path: str, sp: int = SP) -> dict:
     """The figures and the failures (a list of lines; empty: all held)."""
-    from stapo.masks import MaskInputs, build_token_mask
+    from stapo.algorithm.masks import MaskInputs, build_token_mask
     from stapo.verl_plugin.training.losses import mask_settings
     from tests.recipe_config import config_for_verl
 

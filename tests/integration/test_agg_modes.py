@@ -21,10 +21,10 @@ from verl.trainer.ppo.core_algos import agg_loss
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
-from stapo.lopti import PHASES, low_probability, phase_masks
-from stapo.loss import LOSS_AGG_MODES, check_aggregation
-from stapo.masks import MaskSettings
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.lopti import PHASES, low_probability, phase_masks
+from stapo.algorithm.loss import LOSS_AGG_MODES, check_aggregation
+from stapo.algorithm.masks import MaskSettings
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.verl_plugin.preflight.run_checks import LOSS_AGG_MODES as CHECKED_MODES
 from stapo.verl_plugin.preflight.run_checks import validate_run_config
 from stapo.verl_plugin.training.losses import STAPOLossFn, folded_mask_update

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from stapo.masks import TOKEN_MASK_REGISTRY, MaskInputs, MaskSettings, build_token_mask, high_entropy_keep
-from stapo.quantile import global_quantile, group_masked_quantiles
-from stapo.s2t import detect_spurious
+from stapo.algorithm.masks import TOKEN_MASK_REGISTRY, MaskInputs, MaskSettings, build_token_mask, high_entropy_keep
+from stapo.algorithm.quantile import global_quantile, group_masked_quantiles
+from stapo.algorithm.s2t import detect_spurious
 from tests.integration.gloo_ranks import run_cases
 from tests.reference import REFERENCES
 from tests.unit.test_s2t import random_batch

@@ -28,7 +28,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batches
 from verl.workers.engine_workers import TrainingWorker
 
-from stapo.masks import MaskSettings
+from stapo.algorithm.masks import MaskSettings
 from stapo.verl_plugin.training.lopti import PHASE_PREFIX, STAPOTrainingWorker, two_phase_update
 from stapo.verl_plugin.training.losses import STAPOLossFn, folded_mask_update
 from stapo.verl_plugin.training.shard_mask import fold_shard

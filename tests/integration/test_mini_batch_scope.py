@@ -22,8 +22,8 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import TrainingWorker
 
-from stapo.masks import MaskSettings
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.masks import MaskSettings
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.verl_plugin.training.mini_batches import MiniBatchSplit
 from tests.integration.gloo_ranks import run_cases
 from tests.integration.mini_batch_ranks import ROWS, SETTINGS, batch_rows, fold_on_rank

@@ -28,7 +28,7 @@ import torch
 
 pytest.importorskip("verl")
 
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask
+from stapo.algorithm.masks import MaskInputs, MaskSettings, build_token_mask
 from stapo.models.local import resolve_model_path
 
 SETTINGS = MaskSettings(token_mask="stapo", tau_p=0.002, entropy_quantile=0.75)

@@ -22,7 +22,7 @@ import pytest
 import torch
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo.masks import MaskSettings
+from stapo.algorithm.masks import MaskSettings
 from tests.integration.test_verl_loss_path import ragged_rows, random_batch
 from tests.integration.verl_batches import fold_as_trainer, run_micro_batches
 from tests.recipe_config import config_for_verl

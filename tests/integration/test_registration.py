@@ -10,7 +10,7 @@ import pytest
 from hydra.errors import InstantiationException
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.verl_plugin.preflight.run_checks import validate_run_config
 from stapo.verl_plugin.training.config import STAPOPolicyLossConfig
 from tests.integration.verl_batches import PL, compose_verl, stapo_overrides

@@ -18,7 +18,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
+from stapo.algorithm.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
 from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT
 from stapo.verl_plugin.training.shard_mask import FOLDED_LOSS_TOKENS, fold_shard
 from tests.integration.gloo_ranks import run_cases

@@ -20,7 +20,7 @@ from omegaconf import open_dict
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.verl_plugin.preflight.run_checks import validate_run_config
 from stapo.verl_plugin.preflight.sp_size import data_parallel_size, role_sp_size
 from tests.recipe_config import config_for_verl, recipe_config

@@ -17,7 +17,7 @@ import torch
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
-from stapo.masks import TOKEN_MASK_REGISTRY, MaskSettings
+from stapo.algorithm.masks import TOKEN_MASK_REGISTRY, MaskSettings
 from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT
 from stapo.verl_plugin.training.losses import LOSS_TOKENS_METRIC, REFUSED_METRIC, STAPOLossFn, folded_mask_update
 from stapo.verl_plugin.training.trainer import in_loss_step_metrics

@@ -23,7 +23,7 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine.utils import prepare_micro_batches
 
-from stapo.masks import MaskSettings
+from stapo.algorithm.masks import MaskSettings
 from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT
 from stapo.verl_plugin.training.losses import IN_LOSS_PREFIX, STAPOLossFn, folded_mask_update
 from stapo.verl_plugin.training.shard_mask import fold_shard

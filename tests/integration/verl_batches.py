@@ -16,7 +16,7 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo.masks import MaskInputs, MaskSettings, TokenMask, build_token_mask
+from stapo.algorithm.masks import MaskInputs, MaskSettings, TokenMask, build_token_mask
 from stapo.verl_plugin.training.config import TARGET
 from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT, fold_masks
 from stapo.verl_plugin.training.losses import folded_mask_update

@@ -320,7 +320,7 @@ def recipe_refusal(overrides: tuple[str, ...], local: bool, validate: bool = Tru
     from omegaconf import OmegaConf
 
     from stapo.check import check_run, compose_run, quiet_optional_engines
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     quiet_optional_engines()
     given = [o for o in overrides if o != "..."]
@@ -427,7 +427,7 @@ def sweep_problems(args: list[str]) -> list[str]:
     (``check_cells``, the recipe's checks) on the first seed's runs: the seeds change only the seed keys."""
     from stapo.sweep.cli import build_parser, check_cells
     from stapo.sweep.grid import parse_axis, parse_seeds, plan
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     if {"-h", "--help"} & set(args):
         return []  # the help ran already
@@ -765,7 +765,7 @@ TROUBLESHOOTING = troubleshooting_pairs()
 def refusal_with_paths(overrides: list[str]) -> str | None:
     """What ``stapo check OVERRIDES`` refuses, the model and data paths checked as on this machine (None: OK)."""
     from stapo.check import check_run, compose_run, quiet_optional_engines
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     quiet_optional_engines()
     try:

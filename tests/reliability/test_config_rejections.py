@@ -20,8 +20,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from recipe.stapo.main_stapo import CONF_DIR
-from stapo.masks import TOKEN_MASK_REGISTRY
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.masks import TOKEN_MASK_REGISTRY
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.verl_plugin.preflight.run_checks import validate_run_config
 
 PL = "actor_rollout_ref.actor.policy_loss"

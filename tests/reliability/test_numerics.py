@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from stapo.masks import MaskSettings
+from stapo.algorithm.masks import MaskSettings
 from stapo.verl_plugin.training.losses import REFUSED_METRIC, STAPOLossFn, folded_mask_update
 from tests.integration.verl_batches import (
     actor_config,

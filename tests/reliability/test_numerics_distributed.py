@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from stapo.masks import MaskSettings
+from stapo.algorithm.masks import MaskSettings
 from stapo.verl_plugin.training.losses import REFUSED_METRIC
 from tests.integration.gloo_ranks import free_port
 from tests.reference import REFERENCES, reference_clipped_token_loss, reference_spurious

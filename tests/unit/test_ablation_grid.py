@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from stapo.ablation import cell_name, threshold_grid
-from stapo.s2t import detect_spurious
+from stapo.algorithm.ablation import cell_name, threshold_grid
+from stapo.algorithm.s2t import detect_spurious
 from tests.reference import reference_spurious
 from tests.unit.test_s2t import random_batch
 

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask
+from stapo.algorithm.masks import MaskInputs, MaskSettings, build_token_mask
 from stapo.models.local import resolve_model_path
 
 SETTINGS = MaskSettings(token_mask="stapo")

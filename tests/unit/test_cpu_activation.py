@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 import stapo.verl_plugin.cpu as cpu
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 
 
 @pytest.fixture

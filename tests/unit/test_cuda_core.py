@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from stapo.loss import masked_pg_losses
-from stapo.masks import TOKEN_MASK_REGISTRY, MaskInputs, MaskSettings, build_token_mask
-from stapo.quantile import linear_quantile
-from stapo.s2t import detect_spurious
+from stapo.algorithm.loss import masked_pg_losses
+from stapo.algorithm.masks import TOKEN_MASK_REGISTRY, MaskInputs, MaskSettings, build_token_mask
+from stapo.algorithm.quantile import linear_quantile
+from stapo.algorithm.s2t import detect_spurious
 from tests.reference import REFERENCES, reference_masked_loss, reference_spurious
 from tests.unit.test_loss import CLIP, with_old_policy
 from tests.unit.test_masks import CASES, SETTINGS, assert_matches_reference, mask_inputs
@@ -105,7 +105,7 @@ def test_linear_quantile_on_cuda_is_numpys(n):
 def test_a_mask_in_parts_on_cuda_equals_the_cpu_build(name):
     """The paper's per-mini-batch scope (``build_token_mask_in_parts``) on CUDA tensors and on CPU: the same
     dropped tokens, counts and thresholds (part 1 empty, as a rank without rows of a mini-batch)."""
-    from stapo.masks import build_token_mask_in_parts
+    from stapo.algorithm.masks import build_token_mask_in_parts
 
     tensors = mask_inputs(3, "ties")
     part = torch.where(torch.rand(tensors["response_mask"].shape, generator=torch.Generator().manual_seed(3)) < 0.5,

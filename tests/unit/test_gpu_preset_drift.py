@@ -141,7 +141,7 @@ def test_the_seeded_rollouts_switch_keeps_verls_agent_loop_and_replay_order():
     """``stapo.seeded_rollouts=false`` (the parity run's one change that is not a CPU limit) leaves verl's loop and
     replay order in place; the default pins them; a value that is not a boolean is refused in one line.
     (Belongs beside tests/unit/test_replay_order.py, which tests the pinning itself.)"""
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
     from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME, pin_reproducibility
 
     def config(**stapo):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from stapo.gradnorm import effective_pg_weight, grad_norm_bounds, grad_norm_sq_lower_bound, logit_grad_norm_sq
-from stapo.loss import (
+from stapo.algorithm.gradnorm import effective_pg_weight, grad_norm_bounds, grad_norm_sq_lower_bound, logit_grad_norm_sq
+from stapo.algorithm.loss import (
     clipped_pg_losses,
     masked_pg_losses,
     nan_gradient_loss,
@@ -208,7 +208,7 @@ def test_grad_norm_lower_bound_is_the_closed_form_and_below_the_exact_norm():
 def test_exact_norm_shares_match_autograd_norms(seed):
     """The silenced tokens' share of the exact logit-gradient norm |A| ||e_a - pi|| (and of its square) over the
     positive-advantage tokens, against per-token autograd gradients summed in a loop."""
-    from stapo.gradnorm import collision_probability, exact_norm_shares
+    from stapo.algorithm.gradnorm import collision_probability, exact_norm_shares
 
     logits, token_ids, _ = _random_logits(seed, vocab=50)
     g = torch.Generator().manual_seed(seed + 7)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from stapo.masks import TOKEN_MASK_REGISTRY, MaskSettings
+from stapo.algorithm.masks import TOKEN_MASK_REGISTRY, MaskSettings
 from stapo.verl_plugin.training.config import STAPOPolicyLossConfig
 
 ALGO_DIR = Path(__file__).resolve().parents[2] / "conf" / "algo"

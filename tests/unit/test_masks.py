@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from stapo.masks import (
+from stapo.algorithm.masks import (
     TOKEN_MASK_REGISTRY,
     MaskInputs,
     MaskSettings,
@@ -24,7 +24,7 @@ from stapo.masks import (
     get_token_mask,
     register_token_mask,
 )
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 from tests.reference import REFERENCES
 
 NAN, INF = float("nan"), float("inf")
@@ -283,7 +283,7 @@ def test_a_mask_built_in_parts_is_each_parts_own_mask(name, seed):
     """``build_token_mask_in_parts`` (the paper's per-mini-batch scope) against the loop reference run on each
     part's tokens alone: the dropped tokens, the counts summed, the thresholds averaged over the parts where
     they are defined; part 1 holds no token (a rank without rows in a mini-batch still builds it)."""
-    from stapo.masks import build_token_mask_in_parts
+    from stapo.algorithm.masks import build_token_mask_in_parts
 
     tensors = mask_inputs(seed, "ties" if seed else "plain")
     mask = tensors["response_mask"]

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from stapo.quantile import linear_quantile
-from stapo.s2t import candidate_parts, detect_spurious, spurious_among
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.quantile import linear_quantile
+from stapo.algorithm.s2t import candidate_parts, detect_spurious, spurious_among
+from stapo.algorithm.validation import STAPOConfigError
 from tests.reference import reference_candidates, reference_spurious
 
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from stapo.gradnorm import exact_norm_shares
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask
+from stapo.algorithm.gradnorm import exact_norm_shares
+from stapo.algorithm.masks import MaskInputs, MaskSettings, build_token_mask
 from stapo.rundir import TAIL_PREFIX
 from stapo.verl_plugin.training.driver_diagnostics import flat_token_stats, tail_metrics
 

@@ -17,8 +17,8 @@ import math
 import pytest
 import torch
 
-from stapo.loss import masked_pg_losses
-from stapo.masks import (
+from stapo.algorithm.loss import masked_pg_losses
+from stapo.algorithm.masks import (
     TOKEN_MASK_REGISTRY,
     MaskInputs,
     MaskSettings,

@@ -6,7 +6,7 @@ nothing to act on; an LLM's tail, sampled at T=1, often leaves the answer right.
 that on any checkpoint of the addition task (``stapo://testbed``, ``stapo://tailbed``, a trained run):
 held-out problems, ``samples`` replies each at T=1 / top-p 1 from a fixed seed, the paper's +1/-1
 reward, GRPO advantages per problem's group (verl's own code, ``stapo.demo.analyze.group_advantages``),
-the old-policy log-probs and entropies of one forward pass, and the S2T mask of ``stapo.masks``. It
+the old-policy log-probs and entropies of one forward pass, and the S2T mask of ``stapo.algorithm.masks``. It
 reports how often a reply holding a rare token (or a filler) is right, the mask's candidate share and
 mask ratio, and the silenced tokens' share of the positive-advantage tokens' gradient: the mask's
 clamped lower bound (``grad_bound_share_spurious``) and the exact logit-gradient norm
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
+from stapo.algorithm.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
 from stapo.models.tailbed.strays import Zipf
 from stapo.models.testbed.warm_start import pass_rate, prompt_and_reply
 
@@ -64,7 +64,7 @@ def sample(model, tokenizer, problems: list[tuple[int, ...]], samples: int, seed
     """``samples`` replies a problem at T=1, top-p 1, from ``seed``; their per-token statistics from one forward
     pass over prompt and reply (the old-policy pass), ``chunk`` problems at a time."""
     from stapo.demo.analyze import _response_mask, token_log_prob_and_entropy
-    from stapo.gradnorm import collision_probability
+    from stapo.algorithm.gradnorm import collision_probability
 
     torch.manual_seed(seed)
     parts: dict[str, list[torch.Tensor]] = {}

@@ -72,7 +72,7 @@ def enable_for_run(config) -> bool:
     import torch
     from omegaconf import OmegaConf
 
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     device = config.trainer.get("device", "cuda")
     asked = requested() or _runtime_env_flag(config) == "1"

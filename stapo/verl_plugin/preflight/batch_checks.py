@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from stapo.validation import STAPOConfigError, check_positive_int
+from stapo.algorithm.validation import STAPOConfigError, check_positive_int
 from stapo.verl_plugin.preflight.sp_size import check_sp_model, data_parallel_size
 
 FSDP_STRATEGIES = ("fsdp", "fsdp2")

@@ -14,7 +14,7 @@ Both spellings set to different sizes > 1 is refused: verl would silently take t
 
 from __future__ import annotations
 
-from stapo.validation import STAPOConfigError, check_positive_int
+from stapo.algorithm.validation import STAPOConfigError, check_positive_int
 
 SP_KEY = "ulysses_sequence_parallel_size"  # deprecated on the role, current on its fsdp_config
 ENGINE_KEY = "fsdp_config"

@@ -75,7 +75,7 @@ def seeded_rollouts(config) -> bool:
     """``stapo.seeded_rollouts`` (absent: true); anything but a boolean is refused in one line."""
     from omegaconf import OmegaConf
 
-    from stapo.validation import STAPOConfigError
+    from stapo.algorithm.validation import STAPOConfigError
 
     value = OmegaConf.select(config, SWITCH_KEY, default=True)
     if not isinstance(value, bool):

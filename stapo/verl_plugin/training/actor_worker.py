@@ -20,7 +20,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.device import get_device_id, get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from stapo.masks import MaskSettings
+from stapo.algorithm.masks import MaskSettings
 from stapo.verl_plugin.training.lopti import STAPOTrainingWorker, two_phase_update
 from stapo.verl_plugin.training.losses import METRIC_PREFIX, folded_mask_update, mask_settings
 from stapo.verl_plugin.training.shard_mask import fold_shard

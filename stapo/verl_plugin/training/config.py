@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from verl.workers.config import PolicyLossConfig
 
-from stapo.masks import MaskSettings
+from stapo.algorithm.masks import MaskSettings
 
 TARGET = f"{__name__}.STAPOPolicyLossConfig"
 PREFIX = "actor_rollout_ref.actor.policy_loss."
@@ -21,7 +21,7 @@ _DEFAULTS = MaskSettings()
 
 @dataclass
 class STAPOPolicyLossConfig(PolicyLossConfig):
-    """verl's PolicyLossConfig plus the token-mask settings; defaults and meanings: ``stapo.masks.MaskSettings``."""
+    """verl's PolicyLossConfig plus the token-mask settings; defaults and meanings: ``stapo.algorithm.masks.MaskSettings``."""
 
     token_mask: str = _DEFAULTS.token_mask
     source: str = _DEFAULTS.source

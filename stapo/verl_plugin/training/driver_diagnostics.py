@@ -7,7 +7,7 @@ step without diagnostics fetches only the reward's ``extra_fields`` (for ``rewar
 the steps where the ablation grid, the token sample or the spurious-token log is due,
 :meth:`DriverDiagnostics.round_trip` fetches the old-pass fields those need and, for the sample
 and the log, builds the mask again from them with the same function as the workers
-(``stapo.masks``), which gives the same mask bit for bit (tests/integration/test_shard_mask.py).
+(``stapo.algorithm.masks``), which gives the same mask bit for bit (tests/integration/test_shard_mask.py).
 The spurious-token log fetches the token ids of the few rows it names on its own. The trainer and
 ``benchmarks/tq_roundtrip.py`` (section 2c of BENCHMARKS.md) call this same code.
 """
@@ -26,11 +26,11 @@ import transfer_queue as tq
 from tensordict import TensorDict
 from torch.nn.utils.rnn import pad_sequence
 
-from stapo.gradnorm import exact_norm_shares
-from stapo.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask, build_token_mask_in_parts, count
+from stapo.algorithm.gradnorm import exact_norm_shares
+from stapo.algorithm.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask, build_token_mask_in_parts, count
 from stapo.rundir import ENTROPY_MAX, ENTROPY_TOKEN_MEAN, TAIL_MASS, TAIL_MASS_MAX, TAIL_SAMPLED
 from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
-from stapo.token_sample import spread_positions
+from stapo.algorithm.token_sample import spread_positions
 from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD
 from stapo.verl_plugin.training.diagnostic_outputs import GridAndSample, SpuriousTokenLog
 from stapo.verl_plugin.training.jagged import flat_fields

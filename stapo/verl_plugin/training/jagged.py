@@ -14,7 +14,7 @@ import itertools
 import torch
 from tensordict import TensorDict
 
-# a weighted registry entry's per-token weights (stapo.masks.TokenMask.weight), stored in the shard as a field
+# a weighted registry entry's per-token weights (stapo.algorithm.masks.TokenMask.weight), stored in the shard as a field
 # of its own: a float cannot be folded into the 0/1 masks. verl's mini- and micro-batch splits index every
 # tensor field by row, so each micro-batch carries its rows' weights to the loss.
 TOKEN_WEIGHT = "stapo_token_weight"

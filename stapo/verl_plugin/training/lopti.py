@@ -30,8 +30,8 @@ from verl.utils import tensordict_utils as tu
 from verl.utils.py_functional import append_to_dict
 from verl.workers.engine_workers import TrainingWorker
 
-from stapo.lopti import PHASES, low_probability, phase_masks
-from stapo.quantile import all_reduce_sum
+from stapo.algorithm.lopti import PHASES, low_probability, phase_masks
+from stapo.algorithm.quantile import all_reduce_sum
 from stapo.verl_plugin.training.jagged import flat_fields, jagged
 
 # the phases' own metrics and token counts, under actor/stapo/lopti/ (the worker's keys get verl's "actor/")

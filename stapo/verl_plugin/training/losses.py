@@ -39,7 +39,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.utils.torch_functional import masked_mean
 from verl.workers.utils.padding import no_padding_2_padding
 
-from stapo.loss import (
+from stapo.algorithm.loss import (
     PER_SEQUENCE_COUNT_MODES,
     geo_mean_seq_losses,
     masked_pg_losses,
@@ -47,8 +47,8 @@ from stapo.loss import (
     nonfinite_report,
     outside_mask_zeroed,
 )
-from stapo.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask, group_totals
-from stapo.quantile import dp_ranks
+from stapo.algorithm.masks import MaskInputs, MaskSettings, build_token_mask, get_token_mask, group_totals
+from stapo.algorithm.quantile import dp_ranks
 from stapo.verl_plugin.training.jagged import TOKEN_WEIGHT, padded_token_weight
 
 logger = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ def compute_policy_loss_gmpo(
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """GMPO (``stapo.loss.geo_mean_seq_losses``) averaged over the responses of the whole mini-batch.
+    """GMPO (``stapo.algorithm.loss.geo_mean_seq_losses``) averaged over the responses of the whole mini-batch.
 
     verl 0.9.1's ``geo_mean`` takes a plain mean over each micro-batch's responses and ignores
     ``global_batch_info``; its FSDP engine backpropagates every micro-batch's loss unscaled, so the

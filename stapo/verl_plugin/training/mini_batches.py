@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-from stapo.masks import (
+from stapo.algorithm.masks import (
     MaskInputs,
     MaskSettings,
     MaskSpec,

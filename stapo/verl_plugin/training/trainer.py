@@ -26,7 +26,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo.masks import finalize_metrics, get_token_mask
+from stapo.algorithm.masks import finalize_metrics, get_token_mask
 from stapo.verl_plugin.cpu.rollout import announce_submissions
 from stapo.verl_plugin.preflight.run_checks import validate_run_config
 from stapo.verl_plugin.training.actor_worker import STAPOActorWorker

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from stapo.s2t import broadcast_advantages
+from stapo.algorithm.s2t import broadcast_advantages
 
 
 def spread_positions(mask: torch.Tensor, max_tokens: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ import difflib
 import math
 from typing import Any
 
-# the paper's values, written once: the defaults of stapo.masks.MaskSettings (and so of the typed
+# the paper's values, written once: the defaults of stapo.algorithm.masks.MaskSettings (and so of the typed
 # verl config) and of the pure functions, and the hints in the error messages
 PAPER_TAU_P = 0.002
 PAPER_ENTROPY_QUANTILE = 0.75

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from stapo.quantile import all_reduce_sum, global_quantile
-from stapo.validation import PAPER_ENTROPY_QUANTILE, PAPER_TAU_P, check_entropy_quantile, check_tau_p
+from stapo.algorithm.quantile import all_reduce_sum, global_quantile
+from stapo.algorithm.validation import PAPER_ENTROPY_QUANTILE, PAPER_TAU_P, check_entropy_quantile, check_tau_p
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def detect_spurious(
     """Build the S2T mask; ``group=None`` makes this process the whole detection scope.
 
     Candidates whose entropy is not finite take no part in the threshold and are never masked
-    (a NaN cannot be ranked); the ``stapo`` entry of ``stapo.masks`` counts them.
+    (a NaN cannot be ranked); the ``stapo`` entry of ``stapo.algorithm.masks`` counts them.
     """
     check_entropy_quantile(entropy_quantile)
     _check_shapes(log_prob, entropy, response_mask)

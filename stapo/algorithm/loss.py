@@ -6,7 +6,7 @@ tokens a mask keeps and divided by the token count the mask leaves (the aggregat
 verl's ``agg_loss``, applied by the glue in ``stapo/verl_plugin/training/losses.py``).
 
 GRPO, JustRL, STAPO, 20-Entropy, DAPO and Dr.GRPO all run these functions; they differ only in the
-token mask (``stapo.masks``), the clip constants and the aggregation mode. Shapes are
+token mask (``stapo.algorithm.masks``), the clip constants and the aggregation mode. Shapes are
 ``(batch, response_len)``; ``old_log_prob`` and ``advantages`` are data, only ``log_prob`` carries
 gradient.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from stapo.validation import STAPOConfigError
+from stapo.algorithm.validation import STAPOConfigError
 
 LOG_RATIO_LIMIT = 20.0  # same clamp as verl, so exp() cannot overflow on a stale old_log_prob
 

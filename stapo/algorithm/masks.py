@@ -1,6 +1,6 @@
 """The token-mask registry: which response tokens an algorithm drops from the policy gradient.
 
-Every algorithm of the bench trains with the same objective (``stapo.loss``); they differ only in
+Every algorithm of the bench trains with the same objective (``stapo.algorithm.loss``); they differ only in
 the entry of this registry they name (``policy_loss.token_mask``) and its settings. An entry maps
 the tensors of the whole batch (old-policy pass, or the current micro-batch for ``source:
 current``) to a :class:`TokenMask`:
@@ -13,7 +13,7 @@ current``) to a :class:`TokenMask`:
 - ``stats``: non-additive statistics (thresholds, percentiles), NaN where undefined;
 - ``weight``: an optional float per token (``None``: all ones), multiplying the per-token policy-gradient
   loss of the tokens kept. A 0/1 mask is the special case; TACO and Advantage Reweighting
-  (``stapo.token_weights``) drop nothing and weight every token instead, each weighted token staying in the
+  (``stapo.algorithm.token_weights``) drop nothing and weight every token instead, each weighted token staying in the
   count (docs/algorithm.md section 7).
 
 Ratios (``mask_ratio`` ...) are derived from the counts by :func:`finalize_metrics`, so a ratio over
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, fields
 import torch
 import torch.distributed as dist
 
-from stapo.gradnorm import grad_norm_sq_lower_bound
-from stapo.quantile import (
+from stapo.algorithm.gradnorm import grad_norm_sq_lower_bound
+from stapo.algorithm.quantile import (
     all_reduce_sum,
     dp_ranks,
     global_quantile,
@@ -38,9 +38,9 @@ from stapo.quantile import (
     less_than,
     masked_quantiles,
 )
-from stapo.s2t import broadcast_advantages, detect_spurious
-from stapo.token_weights import advrew_weight, taco_weight, weight_metrics
-from stapo.validation import (
+from stapo.algorithm.s2t import broadcast_advantages, detect_spurious
+from stapo.algorithm.token_weights import advrew_weight, taco_weight, weight_metrics
+from stapo.algorithm.validation import (
     ADVREW_ALPHA,
     ENTROPY20_TOP_FRACTION,
     LOPTI_ETA,
@@ -82,7 +82,7 @@ class MaskSettings:
         taco_alpha: TACO's alpha, in (0, 1): a token is in the tail when ``-log p - H > log(1/alpha)``.
         taco_lambda: TACO's lambda, in [0, 1]: the largest share of a tail token's loss taken away.
         advrew_alpha: Advantage Reweighting's alpha, in [0, 1]: ``w = alpha p + 1 - alpha``.
-        lopti: Lopti (low-probability token isolation, ``stapo.lopti``): the update runs twice per step, first
+        lopti: Lopti (low-probability token isolation, ``stapo.algorithm.lopti``): the update runs twice per step, first
             over the tokens with old-policy ``p < lopti_eta``, then over the others; combines with any entry.
         lopti_eta: Lopti's probability threshold, in (0, 1).
     """
@@ -142,7 +142,7 @@ class MaskSettings:
     def count_only_rule(self) -> str | None:
         """The setting that keeps some response tokens in the loss's count but out of its sum (Lopti's other
         phase, 20-Entropy's ``entropy_denominator: all``), None when the sum and the count are one mask;
-        ``stapo.loss.check_aggregation`` says under which aggregation modes that is exact."""
+        ``stapo.algorithm.loss.check_aggregation`` says under which aggregation modes that is exact."""
         if self.lopti:
             return "policy_loss.lopti=true"
         if self.token_mask == "entropy20" and self.entropy_denominator == "all":
@@ -191,7 +191,7 @@ class MaskSpec:
     # counts the entry already totals over the detection scope (every rank of the group): a caller that
     # sums the other counts over ranks must take these as they are
     scope_counts: tuple[str, ...] = ()
-    weighted: bool = False  # returns a weight (stapo.token_weights): the loss must receive it, not only the masks
+    weighted: bool = False  # returns a weight (stapo.algorithm.token_weights): the loss must receive it, not only the masks
 
 
 TOKEN_MASK_REGISTRY: dict[str, MaskSpec] = {}
@@ -468,7 +468,7 @@ def entropy20_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     return TokenMask(drop, drop_count, {"num_kept": count(keep)}, stats)
 
 
-# --- soft weights (stapo.token_weights): nothing dropped, every kept token's loss weighted ----------------------
+# --- soft weights (stapo.algorithm.token_weights): nothing dropped, every kept token's loss weighted ----------------------
 
 WEIGHT_RATIOS = {
     "mean_weight": ("weight_sum", "num_response_tokens"),
@@ -479,7 +479,7 @@ WEIGHT_RATIOS = {
 
 def weighted_mask(inputs: MaskInputs, weight: torch.Tensor) -> TokenMask:
     """A weighting as a registry entry: no token dropped (the weighted tokens stay in the count), the weight,
-    and its counts and minimum (``stapo.token_weights.weight_metrics``)."""
+    and its counts and minimum (``stapo.algorithm.token_weights.weight_metrics``)."""
     nothing = torch.zeros_like(inputs.response_mask)
     counts, stats = weight_metrics(weight, inputs.response_mask, inputs.advantages, inputs.group)
     return TokenMask(nothing, nothing, counts, stats, weight)

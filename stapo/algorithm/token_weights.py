@@ -1,6 +1,6 @@
 """Soft per-token weights of the policy-gradient loss: TACO and Advantage Reweighting.
 
-docs/algorithm.md section 7. A token mask (``stapo.masks``) takes a token out of the loss or leaves it
+docs/algorithm.md section 7. A token mask (``stapo.algorithm.masks``) takes a token out of the loss or leaves it
 in; these leave every token in and multiply its per-token loss by a weight in [0, 1] instead, so the
 tail tokens that dominate the gradient (section 1) weigh less without being silenced. A weighted token
 stays in the count the loss divides by (weights are not renormalised). Both read the probability ``p``
@@ -19,7 +19,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from stapo.quantile import all_reduce_min
+from stapo.algorithm.quantile import all_reduce_min
 
 
 def taco_weight(

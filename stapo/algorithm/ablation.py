@@ -8,7 +8,7 @@ those are never masked, only counted.
 
 The cell of the configured (tau_p, q) reproduces the folded mask's counts exactly: same candidate
 rule, same linear quantile (bit for bit), same strict inequality. Pure torch, no verl. (The token
-sample of the probability-entropy map is ``stapo.token_sample``.)
+sample of the probability-entropy map is ``stapo.algorithm.token_sample``.)
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from stapo.quantile import quantile_of_sorted
-from stapo.s2t import broadcast_advantages
-from stapo.validation import check_entropy_quantile, check_tau_p
+from stapo.algorithm.quantile import quantile_of_sorted
+from stapo.algorithm.s2t import broadcast_advantages
+from stapo.algorithm.validation import check_entropy_quantile, check_tau_p
 
 DEFAULT_TAU_PS = (5e-4, 1e-3, 2e-3, 5e-3, 1e-2)
 DEFAULT_QS = (0.5, 0.75, 0.9, 1.0)
@@ -45,14 +45,14 @@ def threshold_grid(
     ``mask_ratio`` is over all response tokens, as the S2T mask's; ``tau_h`` is NaN without candidates.
     """
     for tau_p in tau_ps:
-        check_tau_p(tau_p, "stapo.ablation.")
+        check_tau_p(tau_p, "stapo.algorithm.ablation.")
     for q in qs:
-        check_entropy_quantile(q, "stapo.ablation.")
+        check_entropy_quantile(q, "stapo.algorithm.ablation.")
     with torch.no_grad():
         advantages = broadcast_advantages(advantages, log_prob)
         num_tokens = float(torch.count_nonzero(response_mask))
         # one pass over the batch: the tokens below the largest tau_p (a small share), then only those
-        # a log-prob of -inf is never a candidate (exp gives 0), as in the S2T rule (stapo.s2t.candidate_parts)
+        # a log-prob of -inf is never a candidate (exp gives 0), as in the S2T rule (stapo.algorithm.s2t.candidate_parts)
         low = response_mask.bool() & torch.isfinite(entropy) & (torch.exp(log_prob) < max(tau_ps))
         low &= log_prob != -math.inf
         low_prob, low_entropy, low_adv = torch.exp(log_prob[low]), entropy[low], advantages[low]
