@@ -14,5 +14,5 @@ What a rule author reads (docs/algorithm.md):
 - ``validation``: the settings' checks, with errors naming the key and its allowed range.
 
 The verl glue that calls these lives in ``stapo.verl_plugin``; tests/unit/test_algorithm_purity.py
-keeps this folder free of verl, Ray, Hydra and the rest of the package.
+keeps this folder free of verl, Ray, Hydra and the rest of the package (torch and numpy only).
 """

@@ -45,9 +45,9 @@ def threshold_grid(
     ``mask_ratio`` is over all response tokens, as the S2T mask's; ``tau_h`` is NaN without candidates.
     """
     for tau_p in tau_ps:
-        check_tau_p(tau_p, "stapo.algorithm.ablation.")
+        check_tau_p(tau_p, "stapo.ablation.")
     for q in qs:
-        check_entropy_quantile(q, "stapo.algorithm.ablation.")
+        check_entropy_quantile(q, "stapo.ablation.")
     with torch.no_grad():
         advantages = broadcast_advantages(advantages, log_prob)
         num_tokens = float(torch.count_nonzero(response_mask))

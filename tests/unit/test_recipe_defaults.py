@@ -21,10 +21,10 @@ def test_recipe_yaml_spells_out_the_diagnostics_defaults():
         "max_tokens": SpuriousTokenLog.max_tokens,
         "context": SpuriousTokenLog.context,
     }
-    assert stapo.algorithm.ablation.every == GridAndSample.ablation_every
-    assert tuple(stapo.algorithm.ablation.tau_p) == GridAndSample.tau_ps
-    assert tuple(stapo.algorithm.ablation.q) == GridAndSample.qs
-    assert (stapo.algorithm.token_sample.every, stapo.algorithm.token_sample.size) == (GridAndSample.sample_every,
+    assert stapo.ablation.every == GridAndSample.ablation_every
+    assert tuple(stapo.ablation.tau_p) == GridAndSample.tau_ps
+    assert tuple(stapo.ablation.q) == GridAndSample.qs
+    assert (stapo.token_sample.every, stapo.token_sample.size) == (GridAndSample.sample_every,
                                                                    GridAndSample.sample_size)
     assert stapo.weight_sync_timeout_s == DEFAULT_TIMEOUT_S
 

@@ -368,11 +368,11 @@ def _check_recipe_keys(config) -> None:
             "reward.reward_model.enable=true the scores come from verl's reward-loop actors: set it to false"
         )
     for key, check in (("tau_p", check_tau_p), ("q", check_entropy_quantile)):
-        values = OmegaConf.select(config, f"stapo.algorithm.ablation.{key}", default=[]) or []
+        values = OmegaConf.select(config, f"stapo.ablation.{key}", default=[]) or []
         if isinstance(values, str) or not hasattr(values, "__iter__"):
-            raise STAPOConfigError(f"stapo.algorithm.ablation.{key} must be a list, got {values!r}")
+            raise STAPOConfigError(f"stapo.ablation.{key} must be a list, got {values!r}")
         for value in values:
-            check(value, f"stapo.algorithm.ablation.{key}: ")
+            check(value, f"stapo.ablation.{key}: ")
     if stapo.get("synthetic_data_dir", None):
         for key in ("synthetic_train_rows", "synthetic_val_rows"):
             check_positive_int(f"stapo.{key}", stapo.get(key, 1))
