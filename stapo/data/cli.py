@@ -1,7 +1,8 @@
 """`stapo data ...`: prepare the paper's data sets, or your own file (`custom`), in verl's parquet format.
 
-Errors are one line on stderr (``stapo data: error: ...``) with exit code 2; the summary of what was
-written goes to stdout.
+Errors are one line on stderr (``stapo data: error: ...``) with exit code 2, a file system error included;
+the summary of what was written goes to stdout. Nothing the user gave is overwritten: the input never, an
+existing output only with ``--force`` (``stapo.data.outputs``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 
 from stapo.data.custom import NAME as CUSTOM
 from stapo.data.custom import SPLITS, prepare_custom
-from stapo.data.prepare import SOURCES, DataError, prepare
-from stapo.data.readers import SUFFIXES
+from stapo.data.prepare import SOURCES, DataError, check_paper_outputs, prepare
+from stapo.data.readers import SUFFIXES, read_rows
 
 DEFAULT_OUT = Path.home() / "data" / "stapo"
 # the flags that shape a custom file's rows; the paper's data sets keep the paper's prompt
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"a local file ({', '.join(SUFFIXES)}) instead of the hub (one name only)",
     )
     prep.add_argument("--dedup", action="store_true", help="drop repeated questions (DAPO-Math-17k repeats each ~100x)")
+    prep.add_argument(
+        "--force", action="store_true", help="replace outputs that already exist (the input itself is never replaced)"
+    )
     prep.add_argument("--limit", type=int, metavar="N", help="convert only the first N rows")
     prep.add_argument(
         "--question-field", metavar="F",
@@ -65,18 +69,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--split", choices=SPLITS, help=f"{CUSTOM}: the output file DIR/<split>.parquet (default train)"
     )
     prep.add_argument(
-        "--data-source", metavar="NAME", help=f"{CUSTOM}: the rows' data_source (default: the input file's stem)"
+        "--data-source", metavar="NAME",
+        help=f"{CUSTOM}: the rows' data_source, shared by the train and test files (default: the input file's name "
+        "without a split word such as train or test, or its folder's name when nothing else is left)",
     )
     return parser
 
 
 def fail(message: str) -> int:
-    print(f"stapo data: error: {message}", file=sys.stderr)
+    print(f"stapo data: error: {' '.join(message.split())}", file=sys.stderr)  # one line, whatever the message
     return 2
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    for flag in ("out", "input"):
+        if getattr(args, flag, None) is not None:
+            setattr(args, flag, getattr(args, flag).expanduser())
     if args.action == "list":
         for source in SOURCES.values():
             print(f"{source.name:<15} {source.hub_id} (split {source.split}) -> {source.out_split}.parquet")
@@ -96,15 +105,19 @@ def main(argv: list[str]) -> int:
     if args.input is not None and len(names) != 1:
         return fail("--input converts one data set; name exactly one")
     status = 0
-    for name in names:
-        try:
+    try:
+        if args.input is not None:
+            read_rows(args.input)  # a missing or unreadable input is said first
+        for name in names:  # every refusal of an output before the first data set is written
+            check_paper_outputs(name, args.out or DEFAULT_OUT, args.input, args.force)
+        for name in names:
             summary = prepare(
                 name, args.out or DEFAULT_OUT, args.input, args.dedup, args.limit, args.question_field,
-                args.answer_field,
+                args.answer_field, args.force,
             )
-        except DataError as error:
-            return fail(str(error))
-        status = max(status, _report(summary, args.strict))
+            status = max(status, _report(summary, args.strict))
+    except (DataError, OSError) as error:
+        return fail(_one_line(error))
     return _strict_status(status)
 
 
@@ -119,16 +132,30 @@ def _prepare_custom(args) -> int:
     try:
         summary = prepare_custom(
             args.input, args.out, args.question_field, args.answer_field, args.split or "train", args.data_source,
-            args.system_prompt, args.template, args.dedup, args.limit,
+            args.system_prompt, args.template, args.dedup, args.limit, args.force,
         )
-    except DataError as error:
-        return fail(str(error))
+    except (DataError, OSError) as error:
+        return fail(_one_line(error))
     return _strict_status(_report(summary, args.strict))
 
 
+def _one_line(error: Exception) -> str:
+    """A refusal as it is; a file system error (unreadable input, a write that failed) as its path and reason."""
+    if isinstance(error, OSError):
+        return f"{error.filename or '?'}: {error.strerror or error}"
+    return str(error)
+
+
 def _report(summary: dict, strict: bool) -> int:
-    """The summary on stdout, the skipped rows counted; 1 when --strict and rows were skipped."""
+    """The summary on stdout, then what a user may not expect: the data_source chosen for them, repeated
+    questions kept, skipped rows; 1 when --strict and rows were skipped."""
     print(json.dumps(summary))
+    if summary.get("data_source_from") and summary["data_source_from"] != "--data-source":
+        print(f"  data_source: {summary['data_source']!r} (from {summary['data_source_from']}; --data-source NAME "
+              "sets another: give a task's train and test files the same one)")
+    if summary.get("duplicates"):
+        print(f"  repeated questions kept: {summary['duplicates']} (rows whose question an earlier row has; --dedup "
+              "drops them)")
     if summary["skipped"]:
         print(f"  skipped rows (see {Path(summary['output']).with_suffix('')}.skipped.jsonl): {summary['skipped']}")
         return 1 if strict else 0

@@ -4,7 +4,9 @@ Sources: the usual hub data sets (on a machine with internet) or a local file (`
 ``stapo.data.custom`` converts a user's own file with the same validation.
 Every row is validated; nothing is dropped silently: skipped rows are counted by reason, printed,
 and written next to the output as ``<split>.skipped.jsonl`` (file, row, reason), with the counts
-in ``<split>.summary.json``. Local files are read lazily, so DAPO-Math-17k's 1.8M rows stream.
+in ``<split>.summary.json``; rows repeating an earlier question are counted too (``--dedup`` drops them).
+Local files are read lazily, so DAPO-Math-17k's 1.8M rows stream. What is written never replaces the
+input, nor an existing file without ``--force`` (``stapo.data.outputs``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from stapo.data.outputs import check_outputs, split_files, write_together, writing
 from stapo.data.readers import DataError, read_rows
-from stapo.data.rows import rl_row, write_rows
+from stapo.data.rows import rl_row, to_parquet
 
-__all__ = ["SOURCES", "SUFFIX", "DataError", "convert", "extract", "prepare", "read_rows", "write_split"]
+__all__ = ["SOURCES", "SUFFIX", "DataError", "check_paper_outputs", "convert", "extract", "prepare", "read_rows",
+           "write_split"]
 
 SUFFIX = "Please reason step by step, and put your final answer within \\boxed{}."
 QUESTION_FIELDS = ("problem", "question", "Problem", "Question", "prompt")
@@ -150,6 +154,14 @@ def paper_row(name: str) -> RowBuilder:
     return build
 
 
+class Converted(NamedTuple):
+    """What :func:`convert` made of a file's rows."""
+
+    rows: list[dict]  # verl rows
+    skipped: list[dict]  # {"file", "row", "reason"}; the row is 1-based, as in the file
+    duplicates: int  # rows kept although their question repeats an earlier kept row's (0 with dedup)
+
+
 def convert(
     rows: Iterable[Any],
     name: str,
@@ -159,23 +171,41 @@ def convert(
     question_field: str | None = None,
     answer_field: str | None = None,
     build: RowBuilder | None = None,
-) -> tuple[list[dict], list[dict]]:
-    """(verl rows, skipped records); the row index in skipped records is 1-based, as in the file.
+) -> Converted:
+    """The rows converted, the skipped ones recorded, the repeated questions counted (or, with ``dedup``,
+    skipped), white space ignored when comparing questions.
 
     ``build(question, answer, extra_info)`` makes a row (default: the paper's, :func:`paper_row`)."""
     build = build or paper_row(name)
-    out, skipped, seen = [], [], set()
+    out, skipped, seen, duplicates = [], [], set(), 0
     for number, row in enumerate(rows, start=1):
         question, answer, reason = extract(row, question_field, answer_field)
-        if not reason and dedup:
+        if not reason:
             key = " ".join(question.split())
-            reason = "duplicate question" if key in seen else ""
+            if key in seen and dedup:
+                reason = "duplicate question"
+            elif key in seen:
+                duplicates += 1
             seen.add(key)
         if reason:
             skipped.append({"file": origin, "row": number, "reason": reason})
             continue
         out.append(build(question, answer, {"split": split, "index": len(out), "source_row": number}))
-    return out, skipped
+    return Converted(out, skipped, duplicates)
+
+
+def refuse_empty(origin: str, converted: Converted) -> None:
+    """A file with no row says so (not "no field" or "no usable row among 0")."""
+    if not converted.rows and not converted.skipped:
+        raise DataError(f"{origin} is empty: it has no rows")
+
+
+def check_paper_outputs(name: str, out_dir: Path, input_path: Path | None, force: bool) -> None:
+    """The refusals of ``stapo.data.outputs`` for data set ``name`` (before anything is read or written)."""
+    if name not in SOURCES:
+        raise DataError(f"unknown data set {name!r}; known: {', '.join(SOURCES)}")
+    inputs = [Path(input_path)] if input_path is not None else []
+    check_outputs(Path(out_dir), Path(out_dir) / name, SOURCES[name].out_split, inputs, force)
 
 
 def prepare(
@@ -186,14 +216,17 @@ def prepare(
     limit: int | None = None,
     question_field: str | None = None,
     answer_field: str | None = None,
+    force: bool = False,
 ) -> dict:
-    """Write ``<out_dir>/<name>/<split>.parquet`` (+ skipped rows) and return a summary."""
+    """Write ``<out_dir>/<name>/<split>.parquet`` (+ skipped rows) and return a summary; an existing output is
+    replaced only with ``force``, the input never."""
     if name not in SOURCES:
         raise DataError(f"unknown data set {name!r}; known: {', '.join(SOURCES)}")
     source = SOURCES[name]
     if input_path is not None:
-        rows, origin = read_rows(Path(input_path)), str(input_path)
-    else:
+        rows, origin = read_rows(Path(input_path)), str(input_path)  # a bad input is said first
+    check_paper_outputs(name, out_dir, input_path, force)  # before a download
+    if input_path is None:
         try:
             rows, origin = load_hub_rows(source), source.hub_id
         except Exception as error:  # offline, gated, renamed: say what to do instead
@@ -203,11 +236,12 @@ def prepare(
             ) from None
     if limit is not None:
         rows = islice(rows, limit)
-    out, skipped = convert(rows, name, source.out_split, origin, dedup, question_field, answer_field)
-    if not out:
-        raise DataError(f"{origin}: no usable row among {len(skipped)} (skipped: {skip_counts(skipped)})")
-    return write_split(Path(out_dir) / name, source.out_split, out, skipped, {"name": name, "source": origin},
-                       dedup)
+    converted = convert(rows, name, source.out_split, origin, dedup, question_field, answer_field)
+    refuse_empty(origin, converted)
+    if not converted.rows:
+        raise DataError(f"{origin}: no usable row among {len(converted.skipped)} (skipped: "
+                        f"{skip_counts(converted.skipped)})")
+    return write_split(Path(out_dir) / name, source.out_split, converted, {"name": name, "source": origin}, dedup)
 
 
 def skip_counts(skipped: list[dict]) -> dict[str, int]:
@@ -215,22 +249,27 @@ def skip_counts(skipped: list[dict]) -> dict[str, int]:
     return dict(Counter(record["reason"] for record in skipped))
 
 
-def write_split(
-    folder: Path, split: str, out: list[dict], skipped: list[dict], about: dict[str, Any], dedup: bool
-) -> dict:
+def write_split(folder: Path, split: str, converted: Converted, about: dict[str, Any], dedup: bool) -> dict:
     """``<folder>/<split>.parquet``, ``<split>.skipped.jsonl`` (file, row, reason) and ``<split>.summary.json``
-    (``about`` followed by the counts); the summary is returned."""
-    parquet = write_rows(folder / f"{split}.parquet", out)
-    with (folder / f"{split}.skipped.jsonl").open("w", encoding="utf-8") as handle:
-        for record in skipped:
-            handle.write(json.dumps(record) + "\n")
+    (``about`` followed by the counts), written together (``stapo.data.outputs.write_together``); the summary is
+    returned."""
+    parquet, skipped_file, summary_file = split_files(folder, split)
     summary = {
         **about,
         "output": str(parquet),
-        "rows_in": len(out) + len(skipped),
-        "rows_out": len(out),
-        "skipped": skip_counts(skipped),
+        "rows_in": len(converted.rows) + len(converted.skipped),
+        "rows_out": len(converted.rows),
+        "skipped": skip_counts(converted.skipped),
+        "duplicates": converted.duplicates,
         "dedup": dedup,
     }
-    (folder / f"{split}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    skipped_text = "".join(json.dumps(record) + "\n" for record in converted.skipped)
+    try:
+        write_together({
+            parquet: lambda tmp: to_parquet(converted.rows, tmp),
+            skipped_file: lambda tmp: tmp.write_text(skipped_text, encoding="utf-8"),
+            summary_file: lambda tmp: tmp.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8"),
+        })
+    except OSError as error:
+        raise writing(folder, error) from None
     return summary

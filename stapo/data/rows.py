@@ -27,9 +27,14 @@ def rl_row(
     }
 
 
+def to_parquet(rows: list[dict], path: Path) -> None:
+    """verl's rows as one parquet file at ``path``, written in place (callers write to a temporary name)."""
+    import pandas as pd
+
+    pd.DataFrame(rows).to_parquet(path)
+
+
 def write_rows(path: Path, rows: list[dict]) -> Path:
     """One parquet file of verl's rows, written whole (``stapo.files.write_atomically``: readers never see half a
     file, and writers side by side do not collide)."""
-    import pandas as pd
-
-    return write_atomically(path, pd.DataFrame(rows).to_parquet)
+    return write_atomically(path, lambda tmp: to_parquet(rows, tmp))

@@ -81,7 +81,7 @@ def test_cli_prepare_and_strict(tmp_path, capsys):
     assert "olympiadbench" in capsys.readouterr().out
     assert data_main(["prepare", "amc23", "--input", str(FIXTURES / "aime_like.jsonl"), "--out", str(tmp_path)]) == 0
     assert data_main(["prepare", "amc23", "--input", str(FIXTURES / "aime_like.jsonl"), "--out", str(tmp_path),
-                      "--strict"]) == 1
+                      "--strict", "--force"]) == 1
     out = capsys.readouterr()
     assert "skipped rows" in out.out and "--strict: rows were skipped (counted above), so the exit code is 1" in out.err
 
