@@ -1,1 +1,2 @@
-"""Evaluation with the paper's protocol: avg@N on six benchmarks under two decoding settings."""
+"""Evaluation with the paper's protocol: avg@N on six benchmarks under two decoding settings, or on a user's own
+test file scored by the user's reward (own.py)."""

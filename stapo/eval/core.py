@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stapo.reward import checker_name, compute_score, last_boxed
 
@@ -28,8 +29,9 @@ class Problem:
     benchmark: str
     prompt_id: int
     messages: list[dict]
-    ground_truth: str
+    ground_truth: Any  # a string for the paper's benchmarks; a user's file may hold a list or a number
     data_source: str
+    extra_info: dict | None = None  # the row's extra_info, passed to a user's reward as verl passes it
 
 
 def avg_at_n(scores: dict[int, list[float]]) -> float:
@@ -42,14 +44,38 @@ def avg_at_n(scores: dict[int, list[float]]) -> float:
 def load_benchmark(name: str, path: Path, limit: int | None = None) -> list[Problem]:
     import pandas as pd
 
-    frame = pd.read_parquet(path)
+    return problems_of(name, pd.read_parquet(path).to_dict("records"), limit)
+
+
+def problems_of(name: str, rows: list[dict], limit: int | None = None, as_text: bool = True) -> list[Problem]:
+    """Rows in verl's row format (prompt, reward_model.ground_truth, data_source, extra_info) as problems;
+    ``as_text=False`` keeps the ground truth as the row holds it (verl passes it to a reward unconverted)."""
     problems = []
-    for index, row in enumerate(frame.itertuples(index=False)):
+    for index, row in enumerate(rows):
         if limit is not None and index >= limit:
             break
-        messages = [dict(m) for m in (row.prompt.tolist() if hasattr(row.prompt, "tolist") else row.prompt)]
-        problems.append(Problem(name, index, messages, str(row.reward_model["ground_truth"]), row.data_source))
+        prompt = row["prompt"]
+        messages = [dict(m) for m in (prompt.tolist() if hasattr(prompt, "tolist") else prompt)]
+        extra = row.get("extra_info")
+        extra = dict(extra) if isinstance(extra, dict) else None
+        truth = row["reward_model"]["ground_truth"]
+        problems.append(Problem(name, index, messages, str(truth) if as_text else truth, row["data_source"], extra))
     return problems
+
+
+def generate_checked(generate: Generate, problems: list[Problem], n: int, setting: str, max_tokens: int,
+                     seed: int, label: str) -> list[list[str]]:
+    """``n`` texts per problem at a decoding setting; a back-end that returns another count is an error,
+    as every avg@n and pass@n computed from it would be wrong."""
+    params = DECODING[setting]
+    texts = generate([p.messages for p in problems], n, params["temperature"], params["top_p"], max_tokens, seed)
+    counts = [len(samples) for samples in texts]
+    if len(texts) != len(problems) or any(c != n for c in counts):
+        raise RuntimeError(
+            f"{label} {setting}: the back-end returned {counts[:8]}... samples for {len(problems)} prompts, "
+            f"expected {n} each; avg@{n} would be wrong"
+        )
+    return texts
 
 
 def evaluate(
@@ -78,15 +104,7 @@ def evaluate(
             problems = load_benchmark(name, path, limit)
             n = n_override or PAPER_N.get(name, 4)
             for setting in settings:
-                params = DECODING[setting]
-                prompts = [p.messages for p in problems]
-                texts = generate(prompts, n, params["temperature"], params["top_p"], max_tokens, seed)
-                counts = [len(samples) for samples in texts]
-                if len(texts) != len(problems) or any(c != n for c in counts):
-                    raise RuntimeError(
-                        f"{name} {setting}: the back-end returned {counts[:8]}... samples for {len(problems)} prompts, "
-                        f"expected {n} each; avg@{n} would be wrong"
-                    )
+                texts = generate_checked(generate, problems, n, setting, max_tokens, seed, name)
                 scores: dict[int, list[float]] = {}
                 for problem, samples in zip(problems, texts):
                     for sample_index, text in enumerate(samples):
