@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("stapo.eval.cli", "avg@N evaluation of a checkpoint on the paper's benchmarks"),
     "export": ("stapo.export", "a saved checkpoint step as a Hugging Face model folder with a model card"),
     "check": ("stapo.check", "compose the recipe's config from overrides and run every check a run makes before Ray"),
+    "reward": ("stapo.reward.cli", "`reward test FILE --data F`: try a reward function on a data file's rows by hand"),
     "doctor": ("stapo.doctor", "preflight checks of a Ray cluster (--smoke: a 2-step GPU run) before a big job"),
 }
 
