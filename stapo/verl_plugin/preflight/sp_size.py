@@ -50,6 +50,17 @@ def data_parallel_size(world_size: int, role, prefix: str) -> int:
     return world_size // sp
 
 
+def data_parallel_text(nnodes: int, per_node: int, role, prefix: str) -> str:
+    """How the role's data-parallel size comes about, in numbers and with the SP key actually read (the newer
+    ``fsdp_config`` one or the deprecated one), for the batch checks' refusals: ``4 (trainer.nnodes *
+    trainer.n_gpus_per_node / <key> = 1 * 8 / 2)``."""
+    sp, key = role_sp_size(role, prefix)
+    world = "trainer.nnodes * trainer.n_gpus_per_node"
+    if sp == 1:
+        return f"{nnodes * per_node} ({world} = {nnodes} * {per_node}, no sequence parallelism)"
+    return f"{nnodes * per_node // sp} ({world} / {key} = {nnodes} * {per_node} / {sp})"
+
+
 # attention implementations whose forward never reaches verl's Ulysses all-to-all (it wraps flash-attention's)
 NO_ULYSSES_ATTENTION = ("sdpa", "eager", "flex_attention")
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
