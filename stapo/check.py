@@ -44,16 +44,24 @@ def compose_run(overrides: list[str]):
     return cfg
 
 
-def check_run(config, paths: bool = True) -> list[str]:
+def check_run(config, paths: bool = True, launch: bool = False) -> list[str]:
     """Every driver-side check of a composed config; the notes of the path checks (what each path was taken as).
-    A CPU preset given another model, data or device is refused first: the other refusals would be about it."""
+    A CPU preset given another model, data or device is refused first: the other refusals would be about it.
+    With ``paths`` this machine's GPUs and the checkpoint folder are checked too; ``launch`` (``stapo train``: the
+    run starts from here) refuses what ``stapo check`` only notes (a GPU run on a machine without a GPU)."""
     from stapo.input_checks import check_inputs
     from stapo.preset_fit import check_preset_fit
+    from stapo.verl_plugin.preflight.checkpoint_identity import check_checkpoint_identity
+    from stapo.verl_plugin.preflight.cluster_shape import check_cluster_shape
     from stapo.verl_plugin.preflight.run_checks import validate_run_config
 
     check_preset_fit(config)
     validate_run_config(config)
-    return check_inputs(config) if paths else []
+    shape = check_cluster_shape(config, here=paths, launch=launch)
+    shape += [note for note in [check_checkpoint_identity(config) if paths else None] if note]
+    from stapo.verl_plugin.preflight.reward_check import check_reward
+
+    return (check_inputs(config) if paths else []) + check_reward(config, paths=paths) + shape
 
 
 def explain_composition_error(error: Exception, overrides: list[str]) -> str:
@@ -76,13 +84,30 @@ def explain_composition_error(error: Exception, overrides: list[str]) -> str:
     if missing_option:
         group, option = missing_option.groups()
         options = [name for name in re.findall(r"^\t(\S+)$", text, flags=re.MULTILINE) if not name.startswith("_")]
-        return f"{group}={option}: no such preset, choose one of {options}{did_you_mean(option, options)}"
+        return f"{group}={option}: no such preset, choose one of {options}{_preset_hint(group, option, options)}"
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
     for override in overrides:  # a value under a credential-like key is never echoed, even malformed
         key, _, value = override.partition("=")
         if value and SECRET_CONFIG_KEY.search(key.rsplit(".", 1)[-1]):
             first = first.replace(value, MASK)
     return redact_text(f"cannot compose the config: {first}")
+
+
+# where a user whose model size has no preset is sent (the refusal of an unknown model_preset names it)
+NEW_SIZE_DOC = 'docs/one-node.md ("A preset for another model size")'
+
+
+def _preset_hint(group: str, option: str, options: list[str]) -> str:
+    """The did-you-mean for a misspelt option (``qwen3_8`` -> ``qwen3_8b``); none when the closest option names
+    other numbers (``qwen3_4b`` is not a typo of ``qwen3_14b``: a size that has no preset). An unknown model
+    preset without a close one points to the doc that says how to make a preset for another model size."""
+    hint = did_you_mean(option, options)
+    if group != "model_preset":
+        return hint
+    close = re.search(r"'([^']*)'", hint)
+    if close and re.findall(r"\d+", close.group(1)) != re.findall(r"\d+", option):
+        hint = ""
+    return hint or f"; for a model size without a preset see {NEW_SIZE_DOC}"
 
 
 def _unknown_key(key: str, overrides: list[str]) -> str:
@@ -125,11 +150,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="the recipe's Hydra overrides, key=value")
     parser.add_argument("--print", dest="print_config", action="store_true", help="print the resolved config")
     parser.add_argument("--no-paths", action="store_true",
-                        help="check the settings only, not the model and data paths (a cluster's config on a laptop)")
+                        help="check the settings only, not the model and data paths, this machine's GPUs or the "
+                        "checkpoint folder (a cluster's config on a laptop)")
     args = parser.parse_args(argv)
     config = compose_run(args.overrides)
     choices = composed_choices()
     notes = check_run(config, paths=not args.no_paths)
+    from stapo.verl_plugin.preflight.custom_rule_check import check_custom_files
+
+    if (checked := check_custom_files(config)) is not None:  # checked by check_run already: its note
+        notes.append(checked.note())
     if args.print_config:
         print(resolved_yaml(config), end="")
     for note in notes:
@@ -152,11 +182,12 @@ def run_summary(config, choices: dict[str, str]) -> list[str]:
     """The values a user looks at first, resolved: which preset, where, what model, how much, which reward."""
     from omegaconf import OmegaConf
 
+    from stapo.verl_plugin.preflight.cluster_shape import shape_line
+
     def get(key: str, default=None):
         return OmegaConf.select(config, key, default=default)
 
-    device, nodes, per_node = get("trainer.device"), get("trainer.nnodes"), get("trainer.n_gpus_per_node")
-    units = "GPU" if device in ("cuda", "npu") else "worker"
+    device = get("trainer.device")
     steps = get("trainer.total_training_steps")
     epochs = get("trainer.total_epochs")
     rollout = get("actor_rollout_ref.rollout")
@@ -171,7 +202,7 @@ def run_summary(config, choices: dict[str, str]) -> list[str]:
              f"{get('data.max_response_length')} tokens")
     return [
         f"preset: model_preset={choices.get('model_preset')}, algo={choices.get('algo')}",
-        f"device: {device}, {nodes} node{'s' * (nodes != 1)} x {per_node} {units}{'s' * (per_node != 1)}",
+        f"device: {device}, {shape_line(config)}",
         f"model: {get('actor_rollout_ref.model.path')}",
         batch,
         (f"steps: {steps}" if steps is not None else f"steps: trainer.total_epochs={epochs} pass(es) over the data")

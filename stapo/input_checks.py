@@ -79,14 +79,30 @@ def check_steps_fit_the_epochs(config, generated: set[Path]) -> str:
             "no step"
         )
     if steps is None:
-        return f"steps: {per_epoch * epochs}, trainer.total_epochs={epochs} of {per_epoch} ({rows} training rows)"
+        return (f"steps: {per_epoch * epochs}, trainer.total_epochs={epochs} of {per_epoch} ({rows} training rows)"
+                + rows_left_out(config, rows, batch, per_epoch * epochs))
     if int(steps) > per_epoch * epochs:
         raise STAPOConfigError(
             f"trainer.total_training_steps={steps} is more than trainer.total_epochs={epochs} hold: {rows} training "
             f"rows make {per_epoch} steps of data.train_batch_size={batch} an epoch, and verl stops after the last "
             f"epoch; set trainer.total_epochs={-(-int(steps) // per_epoch)} or fewer steps"
         )
-    return f"steps: {steps}, {per_epoch} an epoch of {rows} training rows, at most {epochs} epoch(s)"
+    return (f"steps: {steps}, {per_epoch} an epoch of {rows} training rows, at most {epochs} epoch(s)"
+            + rows_left_out(config, rows, batch, int(steps)))
+
+
+def rows_left_out(config, rows: int, batch: int, steps: int) -> str:
+    """What the run never trains on, said: verl's training dataloader drops the last incomplete batch of each
+    epoch (``drop_last=True``, verl/trainer/ppo/v1/trainer_base.py), and a run of fewer steps than one epoch
+    reads only ``steps x batch`` rows. Counted before verl's prompt-length filter (``data.filter_overlong_prompts``)."""
+    left = rows % batch
+    shuffled = bool(OmegaConf.select(config, "data.shuffle", default=True))
+    which = "other rows each epoch (data.shuffle=true)" if shuffled else "the same last rows each epoch"
+    text = (f"; each epoch leaves out {left} of the {rows} rows ({which}: verl drops the last incomplete batch of "
+            f"data.train_batch_size={batch})" if left else "")
+    if steps * batch < rows - left:
+        text += f"; the run's {steps} step(s) read {steps * batch} of the {rows} rows"
+    return text
 
 
 def planned_steps(config) -> int | None:

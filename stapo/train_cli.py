@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     config = compose_run(overrides)
     choices = composed_choices()
     run_dir, overrides = run_folder(config, overrides)
-    for note in check_run(config, paths=True):
+    for note in check_run(config, paths=True, launch=True):  # a GPU run on a machine without one: refused here
         print(f"[stapo] {note}", flush=True)
     for line in run_summary(config, choices):
         print(f"[stapo] {line}", flush=True)

@@ -9,8 +9,9 @@ folder             what runs it
                    into each shard), the registered loss, Lopti's two updates, the driver's diagnostics, the
                    loggers, the weight-sync deadline, validation at further decodings, the shared agent loops
 ``preflight/``     every run, on the driver, before Ray starts: the config and batch-size checks
-``reproducible/``  every run unless ``stapo.seeded_rollouts=false``: the seeded agent loop and the
-                   submission-order replay buffer that make one config and seed give the same rollouts
+``reproducible/``  runs with ``stapo.seeded_rollouts=true`` (the CPU presets; an opt-in on a GPU): the seeded
+                   agent loop and the submission-order replay buffer that make one config and seed give the same
+                   rollouts
 ``opt_in/``        only when a setting turns it on (the CPU presets do; the GPU presets do not): one rollout
                    server reached directly, rewards scored in the agent-loop worker, a group's samples put at once
 ``cpu/``           only the CPU back-end (``STAPO_CPU_BACKEND=1`` or ``trainer.device=cpu``): verl's platform on

@@ -8,8 +8,8 @@ The run starts from ``model_preset=qwen3_1p7b`` (the paper's smallest model: ``_
 and its parallelism) and keeps, as a GPU user gets them: padding-free batches, dynamic batch size, gradient
 checkpointing, FSDP2 with verl's default bf16 autocast over fp32 parameters, verl's ``use_torch_compile`` (the
 compiled entropy on the padding-free path), several PPO mini-batches a step without shuffling, the paper's
-mini-batch quantile scope and the bf16 rollout. One change is not a CPU limit: verl's own agent loop and replay
-order, instead of the recipe's seeded ones (``stapo.seeded_rollouts``), which every other trainer test runs.
+mini-batch quantile scope and the bf16 rollout, and, as the GPU presets default to (``stapo.seeded_rollouts:
+false``), verl's own agent loop and replay order, which no other trainer test runs (the CPU presets seed them).
 """
 
 from __future__ import annotations
@@ -86,11 +86,6 @@ CPU_CHANGES: dict[str, Change] = {
     "ray_kwargs.ray_init.runtime_env.env_vars.TOKENIZERS_PARALLELISM": Change("false", "no tokenizer threads"),
     "ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS": Change(
         "1", "TransferQueue's threads (default 8) above the cores warn on every put"),
-    # not a CPU limit: the seeded loop and submission-order replay (the recipe's default on GPU and CPU alike) run in
-    # every other trainer test; this run covers the path nothing else does, verl's own loop and replay order
-    "stapo.seeded_rollouts": Change(
-        False, "verl's own single_turn_agent loop and completion-order replay, which no other test runs (the "
-               "recipe's default, the seeded loop, runs in all of them); the run is then not bit-for-bit reproducible"),
 }
 
 # keys on which the GPU presets disagree among themselves: the parity run keeps the starting preset's value

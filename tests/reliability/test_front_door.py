@@ -88,14 +88,15 @@ def test_the_issues_command_is_refused_in_one_line_naming_the_silent_default(cap
 # ---------------------------------------------------------------- stapo check's summary
 
 
-def test_stapo_check_prints_the_values_a_user_looks_at_first(capsys):
+def test_stapo_check_prints_the_values_a_user_looks_at_first(capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert stapo_main(["check", "--no-paths", "model_preset=qwen3_8b", "algo=grpo",
                        "trainer.total_training_steps=50"]) == 0
     out = capsys.readouterr().out.splitlines()
     # conf/model_preset/_qwen3_paper.yaml and qwen3_8b.yaml, read by eye
     assert out[-8:] == [
         "[stapo] preset: model_preset=qwen3_8b, algo=grpo",
-        "[stapo] device: cuda, 8 nodes x 8 GPUs",
+        "[stapo] device: cuda, 8 nodes x 8 GPUs = 64 GPUs (a Ray cluster of 8 nodes; RAY_ADDRESS is not set)",
         "[stapo] model: Qwen/Qwen3-8B-Base",
         "[stapo] batch: 256 prompts x 8 samples, responses up to 15360 tokens",
         "[stapo] steps: 50, validated every 20 steps and at the last and before training",
