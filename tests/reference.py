@@ -214,7 +214,76 @@ def reference_advrew(inputs, settings) -> dict:
     return _weighted_result(inputs, lambda i, t: reference_advrew_weight(float(lp[i][t]), alpha))
 
 
+def reference_stare_weights(inputs, settings) -> tuple[list[list[float]], float, float]:
+    """STARE (docs/algorithm.md section 7) over the whole input: the weights, the gate (1/0, NaN without a finite
+    entropy) and the surprisal of L+'s k-th token (NaN when no token is selected). k = max(1, int(n P + 0.999999))
+    of the n tokens of one advantage sign with a finite log-prob, every token at or above the k-th largest
+    surprisal selected."""
+    mask, adv, lp, ent = inputs["response_mask"], inputs["advantages"], inputs["log_prob"], inputs["entropy"]
+    tokens = _tokens(mask)
+    finite_h = [float(ent[i][t]) for i, t in tokens if math.isfinite(float(ent[i][t]))]
+    gate = NAN if not finite_h else float(sum(finite_h) / len(finite_h) < settings["stare_target_entropy"])
+
+    def top(sign):
+        chosen = [(i, t) for i, t in tokens if math.isfinite(float(lp[i][t])) and sign * _adv(adv, i, t) > 0]
+        n, ratio = len(chosen), settings["stare_top_ratio"]
+        if n == 0 or ratio <= 0:
+            return set(), NAN
+        k = min(max(1, int(n * ratio + 0.999999)), n)
+        cut = sorted((-float(lp[i][t]) for i, t in chosen), reverse=True)[k - 1]
+        return {(i, t) for i, t in chosen if -float(lp[i][t]) >= cut}, cut
+
+    plus, cut = top(1.0)
+    minus = top(-1.0)[0] if settings["stare_variant"] == "C2" else set()
+    weight = [[1.0] * len(row) for row in mask]
+    if gate == 1.0:
+        for i, t in minus:
+            weight[i][t] = settings["stare_m"]
+        for i, t in plus:
+            weight[i][t] = settings["stare_w"]
+    return weight, gate, cut
+
+
+def reference_stare(inputs, settings) -> dict:
+    weight, gate, cut = reference_stare_weights(inputs, settings)
+    result = _weighted_result(inputs, lambda i, t: weight[i][t])
+    tokens = _tokens(inputs["response_mask"])
+    result["counts"]["num_upweighted"] = float(sum(weight[i][t] > 1.0 for i, t in tokens))
+    result["stats"].update(stare_gate=gate, stare_cut=cut)
+    return result
+
+
+def reference_steer_m(lp: float, old: float, h: float, a: float) -> float:
+    """STEER's |Omega| for one token, p clamped to [1e-8, 1 - 1e-8] and q to [1e-8, 1]; 0 where undefined."""
+    if not all(math.isfinite(v) for v in (lp, old, h, a)):
+        return 0.0
+    p = min(max(math.exp(lp), 1e-8), 1.0 - 1e-8)
+    q = min(max(math.exp(old), 1e-8), 1.0)
+    omega = (a / q) * p * (1.0 - p) * (math.log(p) + h)
+    return abs(omega) if math.isfinite(omega) else 0.0
+
+
+def reference_steer_weights(lp_rows, old_rows, ent, adv, mask, lambda_min) -> list[list[float]]:
+    """STEER's exponential weights: k = -log(lambda_min) / max(max m, 0.02), w = clip(exp(-k m), lambda_min, 1)."""
+    m = {(i, t): reference_steer_m(float(lp_rows[i][t]), float(old_rows[i][t]), float(ent[i][t]), _adv(adv, i, t))
+         for i, t in _tokens(mask)}
+    k = -math.log(lambda_min) / max(max(m.values(), default=0.0), 0.02)
+    weight = [[1.0] * len(row) for row in mask]
+    for (i, t), value in m.items():
+        weight[i][t] = min(max(math.exp(-k * value), lambda_min), 1.0)
+    return weight
+
+
+def reference_steer(inputs, settings) -> dict:
+    lp = inputs["log_prob"]  # the preset's source: the old-policy pass for both p and q
+    weight = reference_steer_weights(lp, lp, inputs["entropy"], inputs["advantages"], inputs["response_mask"],
+                                     settings["steer_lambda_min"])
+    return _weighted_result(inputs, lambda i, t: weight[i][t])
+
+
 REFERENCES = {
+    "stare": reference_stare,
+    "steer": reference_steer,
     "none": reference_none,
     "stapo": reference_stapo,
     "entropy20": reference_entropy20,

@@ -94,7 +94,9 @@ def reference_for_entry(tensors, settings: MaskSettings):
     return loss, grad, keep, count
 
 
-VARIANTS = [(name, {}) for name in sorted(TOKEN_MASK_REGISTRY)] + [
+# entries whose defaults change nothing on these inputs: STARE's gate is off above its target entropy (0.3)
+ACTIVE = {"stare": {"stare_target_entropy": 100.0, "stare_variant": "C2"}}
+VARIANTS = [(name, ACTIVE.get(name, {})) for name in sorted(TOKEN_MASK_REGISTRY)] + [
     ("stapo", {"entropy_quantile": 0.5, "tau_p": 0.01}),
     ("entropy20", {"entropy_denominator": "kept", "entropy_top_fraction": 0.35}),
 ]

@@ -31,11 +31,17 @@ from tests.reference import REFERENCES, reference_masked_loss
 
 NAN, INF = float("nan"), float("inf")
 WEIGHTED = sorted(name for name, spec in TOKEN_MASK_REGISTRY.items() if spec.weighted)
+# weights of one token's own values, never above 1; STARE (a cut and a gate over the scope, W > 1) and STEER (a
+# maximum over the scope) are bounded and stitched in tests/unit/test_stare.py and tests/unit/test_steer.py
+TOKENWISE = ("taco", "advrew")
 CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 10.0}
 SHAPES = [(0, 5), (1, 1), (4, 9), (11, 37)]
 SETTINGS = {
     "taco": [{}, {"taco_alpha": 0.3, "taco_lambda": 1.0}, {"taco_alpha": 1e-4, "taco_lambda": 0.0}],
     "advrew": [{}, {"advrew_alpha": 1.0}, {"advrew_alpha": 0.0}],
+    "stare": [{"stare_target_entropy": 100.0}, {"stare_target_entropy": 100.0, "stare_variant": "C2",
+                                                 "stare_top_ratio": 0.5}, {}],
+    "steer": [{}, {"steer_lambda_min": 0.5}, {"steer_lambda_min": 1.0}],
 }
 SUMS = ("weight_sum", "weight_sum_positive", "min_weight")  # float sums in another order than the loop's
 
@@ -102,7 +108,7 @@ def test_each_weight_and_its_metrics_equal_the_loop_reference(name, shape, case)
         assert metrics["mean_weight_positive"] == (built.counts["weight_sum_positive"] / positive if positive else 0.0)
 
 
-@pytest.mark.parametrize("name", WEIGHTED)
+@pytest.mark.parametrize("name", TOKENWISE)
 def test_the_inputs_exercise_what_they_claim(name):
     tensors = weight_inputs(3, 11, 37)
     built = build_token_mask(MaskInputs(**tensors), MaskSettings(token_mask=name))
@@ -163,7 +169,7 @@ def test_weighted_loss_and_gradient_equal_the_loop_reference(name, shape, seed):
     assert bool(torch.isfinite(new.grad).all()) and not bool(new.grad[~mask].any())
 
 
-@pytest.mark.parametrize("name", WEIGHTED)
+@pytest.mark.parametrize("name", TOKENWISE)
 def test_weights_never_amplify_and_drop_nothing(name):
     for seed in range(4):
         tensors = weight_inputs(seed + 20, 9, 31)
@@ -177,7 +183,7 @@ def test_weights_never_amplify_and_drop_nothing(name):
             assert bool((built.weight[mask & ~(tensors["advantages"] > 0)] == 1.0).all())
 
 
-@pytest.mark.parametrize("name", WEIGHTED)
+@pytest.mark.parametrize("name", TOKENWISE)
 def test_per_part_build_stitches_the_same_weights_and_the_whole_minimum(name):
     """The paper's mini-batch scope builds each part on its own; a token-wise weight must not depend on it, and
     the reported minimum is the whole input's, not a mean of the parts' minima."""
@@ -195,4 +201,4 @@ def test_per_part_build_stitches_the_same_weights_and_the_whole_minimum(name):
 @pytest.mark.parametrize("name", sorted(TOKEN_MASK_REGISTRY))
 def test_only_weighted_entries_return_a_weight(name):
     built = build_token_mask(MaskInputs(**weight_inputs(1, 4, 9)), MaskSettings(token_mask=name))
-    assert (built.weight is not None) == get_token_mask(name).weighted == (name in ("taco", "advrew"))
+    assert (built.weight is not None) == get_token_mask(name).weighted == (name in (*TOKENWISE, "stare", "steer"))

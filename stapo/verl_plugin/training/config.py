@@ -35,6 +35,12 @@ class STAPOPolicyLossConfig(PolicyLossConfig):
     advrew_alpha: float = _DEFAULTS.advrew_alpha
     lopti: bool = _DEFAULTS.lopti
     lopti_eta: float = _DEFAULTS.lopti_eta
+    stare_variant: str = _DEFAULTS.stare_variant
+    stare_top_ratio: float = _DEFAULTS.stare_top_ratio
+    stare_w: float = _DEFAULTS.stare_w
+    stare_m: float = _DEFAULTS.stare_m
+    stare_target_entropy: float = _DEFAULTS.stare_target_entropy
+    steer_lambda_min: float = _DEFAULTS.steer_lambda_min
 
     def __post_init__(self):
         MaskSettings.from_mapping(self).validate(prefix=PREFIX)

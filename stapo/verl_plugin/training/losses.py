@@ -39,6 +39,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.utils.torch_functional import masked_mean
 from verl.workers.utils.padding import no_padding_2_padding
 
+from stapo.algorithm.dcpo import dcpo_pg_losses
 from stapo.algorithm.loss import (
     PER_SEQUENCE_COUNT_MODES,
     geo_mean_seq_losses,
@@ -56,6 +57,9 @@ logger = logging.getLogger(__name__)
 LOSS_NAME = "masked_clip"
 # GMPO normalised over the whole mini-batch (verl's own `geo_mean` averages each micro-batch on its own)
 GMPO_LOSS_NAME = "gmpo"
+# DCPO's per-token clip bounds (stapo.algorithm.dcpo), with the folded mask and masked_clip's robustness
+DCPO_LOSS_NAME = "dcpo"
+DCPO_METRIC_PREFIX = "actor/dcpo/"
 METRIC_PREFIX = "actor/stapo/"
 # per micro-batch: verl's DP-global token count of the mini-batch (the loss's denominator), MAX-aggregated
 LOSS_TOKENS_METRIC = METRIC_PREFIX + "loss_tokens"
@@ -375,5 +379,57 @@ def compute_policy_loss_gmpo(
         "actor/pg_clipfrac": masked_mean((clipped & flags["positive"]).float(), mask).item(),
         "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
         "actor/pg_clipfrac_lower": masked_mean((clipped & ~flags["positive"]).float(), mask).item(),
+    }
+    return loss, metrics
+
+
+@register_policy_loss(DCPO_LOSS_NAME)
+def compute_policy_loss_dcpo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """DCPO (arXiv 2509.02333; ``stapo.algorithm.dcpo.dcpo_pg_losses``): PPO with per-token clip bounds from the old
+    probability, ``clip_ratio_low`` / ``clip_ratio_high`` as its eps, verl's dual clip, aggregated by ``agg_loss``
+    over the mini-batch as ``masked_clip`` (the folded mask, its count, the exact zero of an empty micro-batch and
+    the refusal of a non-finite loss are the same). Reports the mean bounds over the kept tokens and the share
+    of kept tokens whose ratio left them (``actor/dcpo/*``). A weighted token mask is refused before Ray
+    (``stapo/verl_plugin/preflight/run_checks.py``): its weights reach ``masked_clip`` only."""
+    assert config is not None, "verl passes the actor config to registered policy losses"
+    settings = mask_settings(config)
+    refuse_unfolded_mask(settings)
+    if settings.in_loss:  # refused before Ray too (run_checks): only masked_clip builds a mask in the loss
+        raise RuntimeError(f"policy_loss.source=current builds the mask inside {LOSS_NAME} only, not {DCPO_LOSS_NAME}")
+    mask = response_mask.bool()
+    eps_low, eps_high = clip_bounds(config)
+    pg_losses, flags = dcpo_pg_losses(
+        old_log_prob, log_prob, advantages, mask, eps_low, eps_high, config.clip_ratio_c, rollout_is_weights
+    )
+    if not mask.any():
+        loss = pg_losses.sum() * 0.0  # nothing to learn here: keeps the graph, exact zero gradient
+    else:
+        count = _count_mask(settings, mask, loss_agg_mode)
+        loss = agg_loss(loss_mat=pg_losses, loss_mask=count, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
+    if not torch.isfinite(loss):
+        logger.warning(
+            nonfinite_report(
+                loss, mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
+                rollout_is_weights=rollout_is_weights,
+            )
+        )
+        loss = nan_gradient_loss(log_prob, mask)
+    ratio = torch.exp(flags["log_ratio"].detach())
+    outside = (ratio < flags["low"]) | (ratio > flags["high"])
+    metrics = {
+        "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
+        "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
+        "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
+        DCPO_METRIC_PREFIX + "low_bound_mean": masked_mean(flags["low"], mask).item(),
+        DCPO_METRIC_PREFIX + "high_bound_mean": masked_mean(flags["high"], mask).item(),
+        DCPO_METRIC_PREFIX + "outside_bounds_frac": masked_mean(outside.float(), mask).item(),
     }
     return loss, metrics
