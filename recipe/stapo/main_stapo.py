@@ -33,6 +33,8 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.rundir import write_config, write_machine
     from stapo.runs.machine import model_from_another_kind, run_machine
     from stapo.verl_plugin.cpu import enable_for_run
+    from stapo.verl_plugin.preflight.checkpoint_identity import check_checkpoint_identity, write_identity
+    from stapo.verl_plugin.preflight.cluster_shape import check_cluster_shape
     from stapo.verl_plugin.preflight.run_checks import check_model_for_rollout, validate_run_config
     from stapo.verl_plugin.registration import assert_registered
     from stapo.verl_plugin.reproducible.seeding import pin_reproducibility
@@ -43,13 +45,37 @@ def prepare(config: DictConfig) -> DictConfig:
     # the driver already imported verl: the CPU back-end is switched on here (when asked, or for
     # trainer.device=cpu without CUDA) and passed to the workers through Ray's runtime env
     enable_for_run(config)
-    # every run, GPU ones too: per-request rollout seeds (vLLM takes them from sampling_params) and
-    # the batch in submission order, so two algorithms with the same seeds share their first rollouts
+    # the GPUs asked against the rollout layout and this machine, and verl's async trainers, before the pins below
+    for note in check_cluster_shape(config, here=True, launch=True):
+        print(f"[stapo] {note}", flush=True)
+    # with stapo.seeded_rollouts=true (the CPU presets; an opt-in on a GPU): per-request rollout seeds (vLLM takes
+    # them from sampling_params) and the batch in submission order, so two algorithms with the same seeds share
+    # their first rollouts
     for setting in pin_reproducibility(config):
         print(f"[stapo] paired rollouts (docs/reproducibility.md): {setting}", flush=True)
     assert_registered()
     validate_run_config(config)
+    # a user's rule and loss files (stapo.custom_rule, stapo.import_files): checked, then loaded by every process
+    from stapo.verl_plugin.preflight.custom_rule_check import check_custom_files
+    from stapo.verl_plugin.training.custom_rule import apply_to_run
+
+    checked = check_custom_files(config)
+    if checked is not None:
+        print(f"[stapo] {checked.note()}", flush=True)
+    for setting in apply_to_run(config, checked.kind if checked is not None else None):
+        print(f"[stapo] your files, in every process: {setting}", flush=True)
     for note in check_inputs(config):
+        print(f"[stapo] {note}", flush=True)
+    # the reward file loaded and called on the first training rows, as verl's reward workers will
+    from stapo.verl_plugin.preflight.reward_check import check_reward
+
+    for note in check_reward(config):
+        print(f"[stapo] {note}", flush=True)
+    # another run's checkpoints are not resumed; this run's identity is recorded where verl saves (the model path as
+    # given, before the local model's name becomes its cache folder)
+    if note := check_checkpoint_identity(config):
+        print(f"[stapo] {note}", flush=True)
+    if note := write_identity(config):
         print(f"[stapo] {note}", flush=True)
     stapo = config.stapo
     with open_dict(config):
@@ -99,11 +125,15 @@ def run(config: DictConfig) -> None:
     from verl.utils.config import validate_config
     from verl.utils.device import auto_set_device
 
+    from stapo.verl_plugin.preflight.cluster_shape import RayResourceCheck
+
     config = prepare(config)
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     print(OmegaConf.to_yaml(config.actor_rollout_ref.actor.policy_loss), flush=True)
-    run_ppo(config, task_runner_class=TaskRunnerV1)
+    # run_ppo initialises or joins Ray, then creates the TaskRunner (which creates the placement groups): the Ray
+    # cluster's GPUs are compared with the run's in between, refused with both numbers instead of a wait
+    run_ppo(config, task_runner_class=RayResourceCheck(TaskRunnerV1, config))
 
 
 def refuse(error: Exception) -> None:
@@ -135,8 +165,8 @@ def main() -> None:
     ``--help``). A bad setting is refused before verl's trainer modules are imported."""
     from hydra._internal.utils import get_args_parser
 
-    from stapo.check import compose_run, quiet_optional_engines
     from stapo.algorithm.validation import STAPOConfigError
+    from stapo.check import compose_run, quiet_optional_engines
 
     quiet_optional_engines()
 
@@ -149,11 +179,13 @@ def main() -> None:
             config = compose_run(args.overrides)
             hide_vllm_if_unused(config)
             from stapo.preset_fit import check_preset_fit
+            from stapo.verl_plugin.preflight.cluster_shape import check_cluster_shape
             from stapo.verl_plugin.preflight.run_checks import validate_run_config
 
             # prepare() checks again once the CPU back-end is set; --cfg job|all prints only a config the run takes
             check_preset_fit(config)
             validate_run_config(config)
+            check_cluster_shape(config, here=False)  # this machine's GPUs: in prepare(), when the run starts
         except STAPOConfigError as error:
             refuse(error)
     hydra_main()

@@ -39,6 +39,16 @@ from stapo.algorithm.quantile import (
     masked_quantiles,
 )
 from stapo.algorithm.s2t import broadcast_advantages, detect_spurious
+from stapo.algorithm.stare import (
+    STARE_M,
+    STARE_TARGET_ENTROPY,
+    STARE_TOP_RATIO,
+    STARE_VARIANT,
+    STARE_VARIANTS,
+    STARE_W,
+    stare_weight,
+)
+from stapo.algorithm.steer import STEER_LAMBDA_MIN, steer_weight
 from stapo.algorithm.token_weights import advrew_weight, taco_weight, weight_metrics
 from stapo.algorithm.validation import (
     ADVREW_ALPHA,
@@ -85,6 +95,11 @@ class MaskSettings:
         lopti: Lopti (low-probability token isolation, ``stapo.algorithm.lopti``): the update runs twice per step, first
             over the tokens with old-policy ``p < lopti_eta``, then over the others; combines with any entry.
         lopti_eta: Lopti's probability threshold, in (0, 1).
+        stare_variant, stare_top_ratio, stare_w, stare_m, stare_target_entropy: STARE's variant (``O1``: only
+            ``L+`` weighted; ``C2``: ``L-`` too), share ``P`` in [0, 1] of each advantage sign's tokens by
+            surprisal, weight ``W`` >= 1 of ``L+``, weight ``M`` in [0, 1] of ``L-``, and the entropy below
+            which the weights apply (``stapo.algorithm.stare``).
+        steer_lambda_min: STEER's smallest weight, in (0, 1] (``stapo.algorithm.steer``).
     """
 
     token_mask: str = "none"
@@ -99,6 +114,12 @@ class MaskSettings:
     advrew_alpha: float = ADVREW_ALPHA
     lopti: bool = False
     lopti_eta: float = LOPTI_ETA
+    stare_variant: str = STARE_VARIANT
+    stare_top_ratio: float = STARE_TOP_RATIO
+    stare_w: float = STARE_W
+    stare_m: float = STARE_M
+    stare_target_entropy: float = STARE_TARGET_ENTROPY
+    steer_lambda_min: float = STEER_LAMBDA_MIN
 
     def validate(self, prefix: str = "") -> None:
         """Range checks naming the key (``prefix`` is the Hydra path of the section)."""
@@ -121,6 +142,16 @@ class MaskSettings:
         if not isinstance(self.lopti, bool):
             raise STAPOConfigError(f"{prefix}lopti must be true or false, got {self.lopti!r}")
         check_interval("lopti_eta", self.lopti_eta, 0.0, 1.0, "", f"arXiv 2505.12929: {LOPTI_ETA}", prefix)
+        check_choice("stare_variant", self.stare_variant, STARE_VARIANTS, prefix)
+        stare = "STARE, arXiv 2606.19236"
+        check_interval("stare_top_ratio", self.stare_top_ratio, 0.0, 1.0, "both", f"{stare}: {STARE_TOP_RATIO}",
+                       prefix)
+        check_interval("stare_w", self.stare_w, 1.0, math.inf, "low", f"{stare}: {STARE_W}", prefix)
+        check_interval("stare_m", self.stare_m, 0.0, 1.0, "both", f"{stare}: {STARE_M}", prefix)
+        check_interval("stare_target_entropy", self.stare_target_entropy, 0.0, math.inf, "low",
+                       f"{stare}: {STARE_TARGET_ENTROPY}", prefix)
+        check_interval("steer_lambda_min", self.steer_lambda_min, 0.0, 1.0, "high",
+                       f"STEER, arXiv 2510.10150: {STEER_LAMBDA_MIN}", prefix)
         if self.lopti and self.source != "old":
             raise STAPOConfigError(
                 f"{prefix}lopti=true splits the tokens by the old-policy pass and updates each part against it, "
@@ -164,6 +195,9 @@ class MaskInputs:
     log_prob: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     group: dist.ProcessGroup | None = None
+    # flat tensors (one value per token of verl's jagged rows, row-major): the rows' token bounds, from 0, so a
+    # rule that reads rows (a custom one, stapo.algorithm.custom_rule) sees ``(batch, response_len)``; None: padded
+    offsets: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -246,7 +280,8 @@ def build_token_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
                 f"{tuple(inputs.response_mask.shape)}"
             )
     advantages = broadcast_advantages(inputs.advantages, inputs.response_mask)
-    inputs = MaskInputs(inputs.response_mask.bool(), advantages, inputs.log_prob, inputs.entropy, inputs.group)
+    inputs = MaskInputs(inputs.response_mask.bool(), advantages, inputs.log_prob, inputs.entropy, inputs.group,
+                        inputs.offsets)
     with torch.no_grad():
         built = spec.fn(inputs, settings)
         counts = {**common_counts(inputs, built.drop_response, built.drop_count), **built.counts}
@@ -278,7 +313,8 @@ def build_token_mask_in_parts(
     for k in range(num_parts):
         where = part == k
         tensors = (whole.response_mask, whole.advantages, whole.log_prob, whole.entropy)
-        sub = MaskInputs(*(None if t is None else t[where] for t in tensors), inputs.group)
+        sub = MaskInputs(*(None if t is None else t[where] for t in tensors), inputs.group,
+                         part_offsets(inputs.offsets, part, k))
         built = build_token_mask(sub, settings)
         drop_response[where], drop_count[where] = built.drop_response, built.drop_count
         if built.weight is not None:
@@ -294,6 +330,18 @@ def build_token_mask_in_parts(
     if weight is not None:  # the minimum weight of the whole input, not a mean of the parts' minima
         means.update(weight_metrics(weight, mask, whole.advantages, inputs.group)[1])
     return TokenMask(drop_response, drop_count, counts, {**means, "threshold_scopes": float(num_parts)}, weight)
+
+
+def part_offsets(offsets: torch.Tensor | None, part: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The row bounds of part ``k``'s tokens (its rows, whole and in order) in a flat layout with row bounds
+    ``offsets``; None for a padded layout. A row without a token belongs to no part."""
+    if offsets is None:
+        return None
+    offsets = offsets.to(part.device)
+    lengths = offsets.diff()
+    filled = lengths > 0
+    lengths = lengths[filled][part[offsets[:-1][filled]] == k]
+    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
 
 
 def _mean_of_defined(values: list[float]) -> float:
@@ -501,3 +549,35 @@ def taco_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
 def advrew_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     """Advantage Reweighting (arXiv 2505.12929): every token's advantage scaled by ``alpha p + 1 - alpha``."""
     return weighted_mask(inputs, advrew_weight(inputs.log_prob, inputs.response_mask, settings.advrew_alpha))
+
+
+# --- the 2026 stabilisers' weights (stapo.algorithm.stare, stapo.algorithm.steer; docs/algorithm.md section 7) ---------
+
+UPWEIGHT_RATIOS = {**WEIGHT_RATIOS, "upweighted_frac": ("num_upweighted", "num_response_tokens")}
+
+
+@register_token_mask(
+    "stare", needs_log_prob=True, needs_entropy=True, sources=("old",), ratios=UPWEIGHT_RATIOS, weighted=True
+)
+def stare_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
+    """STARE (arXiv 2606.19236): the top surprisal share of each advantage sign weighted, while the scope's mean
+    entropy is below the target. ``stare_gate`` is 1/0 (NaN: no finite entropy, weights 1), ``stare_cut`` the
+    surprisal at which ``L+`` starts (NaN: no positive-advantage token)."""
+    built = stare_weight(
+        inputs.log_prob, inputs.entropy, inputs.advantages, inputs.response_mask, settings.stare_top_ratio,
+        settings.stare_w, settings.stare_m, settings.stare_variant, settings.stare_target_entropy, inputs.group,
+    )
+    weighted = weighted_mask(inputs, built.weight)
+    counts = {**weighted.counts, "num_upweighted": count(inputs.response_mask & (built.weight > 1.0))}
+    stats = {**weighted.stats, "stare_gate": built.gate, "stare_cut": built.cut}
+    return TokenMask(weighted.drop_response, weighted.drop_count, counts, stats, built.weight)
+
+
+@register_token_mask("steer", needs_log_prob=True, needs_entropy=True, sources=("old",), ratios=WEIGHT_RATIOS,
+                     weighted=True)
+def steer_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
+    """STEER (arXiv 2510.10150): each token weighted by exp(-k |estimated entropy change|), from the old-policy
+    pass (``p = q``: the ratio is 1, as on the first mini-batch of an on-policy step)."""
+    weight = steer_weight(inputs.log_prob, inputs.log_prob, inputs.entropy, inputs.advantages, inputs.response_mask,
+                          settings.steer_lambda_min, inputs.group)
+    return weighted_mask(inputs, weight)

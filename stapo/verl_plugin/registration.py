@@ -4,7 +4,7 @@ Each piece is registered in a process when verl's module holding its registry is
 (``stapo.verl_plugin.import_hooks``), not when the plugin loads: a Ray worker that never builds a trainer
 never imports the trainer. Where each hook sits, and why its callback cannot meet a half-imported module:
 
-- policy losses ``masked_clip`` and ``gmpo``: on ``verl.trainer.ppo.core_algos`` (``POLICY_LOSS_REGISTRY``);
+- policy losses ``masked_clip``, ``gmpo`` and ``dcpo``: on ``verl.trainer.ppo.core_algos`` (``POLICY_LOSS_REGISTRY``);
   ``stapo.verl_plugin.training.losses`` imports only modules core_algos already needs (verl's ``ppo_loss``, whose module
   imports core_algos, is imported at its call).
 - agent loop ``stapo_seeded``: on ``verl.experimental.agent_loop.agent_loop``; the callback writes the registry
@@ -20,7 +20,7 @@ import importlib
 
 from stapo.verl_plugin.import_hooks import after_import, waiting_for
 
-REQUIRED_LOSSES = ("masked_clip", "gmpo")
+REQUIRED_LOSSES = ("masked_clip", "gmpo", "dcpo")
 SEEDED_LOOP_PATH = "stapo.verl_plugin.reproducible.seeded_agent_loop.SeededSingleTurnAgentLoop"
 # the verl modules whose import registers a piece (assert_registered imports them to check all of them)
 LOSS_REGISTRY_MODULE = "verl.trainer.ppo.core_algos"
@@ -29,7 +29,7 @@ TRAINER_PACKAGE = "verl.trainer.ppo.v1"
 
 
 def register_losses(_core_algos) -> None:
-    importlib.import_module("stapo.verl_plugin.training.losses")  # its decorators register "masked_clip" and "gmpo"
+    importlib.import_module("stapo.verl_plugin.training.losses")  # its decorators register "masked_clip", "gmpo", "dcpo"
 
 
 def register_agent_loop(agent_loop_module) -> None:
@@ -56,6 +56,9 @@ def register_all() -> None:
     after_import(LOSS_REGISTRY_MODULE, register_losses)
     after_import(AGENT_LOOP_REGISTRY_MODULE, register_agent_loop)
     after_import(TRAINER_PACKAGE, register_trainer)
+    from stapo.verl_plugin.training.custom_rule import load_on_import
+
+    load_on_import()  # a user's rule and loss files (stapo.custom_rule, stapo.import_files), when the run names any
 
 
 def assert_registered() -> None:

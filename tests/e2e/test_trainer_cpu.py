@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stapo.rundir import read_metrics
-from tests.e2e.cpu_runs import Run, run_recipe
+from tests.e2e.cpu_runs import Run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
@@ -99,20 +99,16 @@ def test_stapo_trains_and_checkpoints(stapo_run):
     print(f"[e2e] stapo ws=1, 4 steps: {first.seconds:.0f} s, peak RSS {first.peak_rss_bytes / GIB:.2f} GiB")
 
 
-def test_stapo_with_two_fsdp_ranks_over_gloo(tmp_path):
+def test_stapo_with_two_fsdp_ranks_over_gloo(stapo_two_ranks_run):
     """Two DP ranks, two shuffled PPO mini-batches a step, tau_h per mini-batch (the preset's paper scope):
     the driver's diagnostics rebuild the mask from verl's split and silence what the ranks folded. Lopti on
     (one run for both: a trainer run costs about two minutes): verl's update runs twice a step (low- then
     high-probability tokens), both phases report, and the warmup advances one step per training step (a
-    second scheduler step per step would read 2x the lr)."""
-    warmup, lr = 10, 1e-3  # the tiny preset's lr
-    run = run_recipe(
-        ["algo=stapo", "trainer.n_gpus_per_node=2", "trainer.total_training_steps=2", "trainer.save_freq=-1",
-         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.shuffle=true",
-         f"stapo.run_dir={tmp_path / 'run'}", "actor_rollout_ref.actor.policy_loss.lopti=true",
-         f"actor_rollout_ref.actor.optim.lr_warmup_steps={warmup}"],
-        tmp_path / "ckpt",
-    )
+    second scheduler step per step would read 2x the lr). The suite's shared run (tests/e2e/shared_runs.py), which
+    tests/e2e/test_custom_rule_runs.py compares with the same run from a rule file."""
+    warmup, lr = 10, 1e-3  # the tiny preset's lr (warmup: shared_runs.STAPO_TWO_RANKS)
+    assert f"actor_rollout_ref.actor.optim.lr_warmup_steps={warmup}" in stapo_two_ranks_run.overrides
+    run = stapo_two_ranks_run.run
     _assert_ok(run, [1, 2])
     for step in (1, 2):
         metrics = run.steps[step]

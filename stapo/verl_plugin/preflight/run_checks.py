@@ -31,6 +31,7 @@ from stapo.algorithm.validation import (
 )
 from stapo.verl_plugin.cpu import vllm_cpu
 from stapo.verl_plugin.preflight.batch_checks import check_run_batches
+from stapo.verl_plugin.preflight.custom_rule_check import check_custom_files, effective_token_mask
 from stapo.verl_plugin.preflight.sp_size import data_parallel_size
 
 # No verl import at module level: importing verl loads this package's plugin, whose trainer imports
@@ -48,6 +49,7 @@ RENAMED_LOSS_MODES = ("stapo", "entropy20")  # loss modes of earlier versions, n
 def validate_run_config(config) -> None:
     """Checks of a whole run config that must fail before any worker starts."""
     actor = config.actor_rollout_ref.actor
+    check_custom_files(config)  # first: the registries below must see what the user's files register
     _check_registered(config)
     _check_policy_loss_keys(actor.policy_loss)
     _check_token_mask(config)
@@ -80,6 +82,7 @@ def _check_token_mask(config) -> None:
             )
         return  # a plain verl run: none of this project's keys can be set
     settings = MaskSettings.from_mapping(policy_loss)
+    settings = dataclasses.replace(settings, token_mask=effective_token_mask(config, settings.token_mask))
     settings.validate(prefix=f"{PL}.")
     spec = get_token_mask(settings.token_mask)
     mode = OmegaConf.select(config, "trainer.v1.trainer_mode", default=None)
@@ -384,7 +387,7 @@ def _check_recipe_keys(config) -> None:
 def _check_val_decodings(config) -> None:
     """``stapo.val_decodings``: distinct names of the evaluation's decoding settings, sent by the seeded agent loop."""
     from stapo.eval.core import DECODING
-    from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME, REPLACED_AGENT_LOOPS
+    from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME, REPLACED_AGENT_LOOPS, seeded_rollouts
 
     names = OmegaConf.select(config, "stapo.val_decodings", default=None) or []
     if isinstance(names, str) or not all(isinstance(name, str) for name in names):
@@ -400,6 +403,12 @@ def _check_val_decodings(config) -> None:
         raise STAPOConfigError(
             f"stapo.val_decodings needs actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME} "
             f"(got {agent_loop!r}): that agent loop sets each validation request's decoding"
+        )
+    if names and agent_loop in REPLACED_AGENT_LOOPS and not seeded_rollouts(config):  # verl's loop is then kept
+        raise STAPOConfigError(
+            f"stapo.val_decodings needs the {AGENT_LOOP_NAME} agent loop, which stapo.seeded_rollouts=false (the GPU "
+            f"presets' default) leaves out: set stapo.seeded_rollouts=true or "
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}"
         )
 
 

@@ -95,10 +95,17 @@ class DriverDiagnostics:
     # (step, tokens silenced) of the last mask built here: the trainer compares it with the workers' fold
     last_dropped: tuple[int, float] | None = None
 
+    @property
+    def silences(self) -> bool:
+        """Whether the folded rule silences tokens the log and the tail metrics describe: S2T's, or a custom rule's
+        that drops tokens (stapo.algorithm.custom_rule)."""
+        custom_mask = self.spec.name.startswith("custom:") and not self.spec.weighted
+        return (self.spec.name == "stapo" or custom_mask) and self.settings.folded
+
     def plan(self, step: int) -> StepPlan:
         ablation = self.diagnostics.ablation_wanted(step)
         sample = self.diagnostics.sample_wanted(step)
-        log_tokens = self.spurious_log.wants(step) and self.spec.name == "stapo" and self.settings.folded
+        log_tokens = self.spurious_log.wants(step) and self.silences
         return StepPlan(ablation, sample, log_tokens)
 
     def round_trip(self, step: int, keys: list[str], partition_id: str, reward_extra: bool = True) -> RoundTripResult:
@@ -160,7 +167,7 @@ class DriverDiagnostics:
         silenced = torch.zeros_like(response_mask)
         if (plan.needs_mask or stats is not None) and self.settings.folded:
             # the mask the workers folded this step: same function, same inputs, same scopes, same result
-            inputs = MaskInputs(response_mask, advantages, log_prob, entropy)
+            inputs = MaskInputs(response_mask, advantages, log_prob, entropy, offsets=offsets)
             if self.settings.threshold_scope == "mini_batch":
                 row_index, parts = self.split.batch_index(len(offsets) - 1, self.dp_size)
                 built = build_token_mask_in_parts(inputs, self.settings, token_parts(row_index, offsets), parts)
@@ -170,7 +177,7 @@ class DriverDiagnostics:
             self.last_dropped = (step, count(response_mask & silenced))
             clock.lap("mask")
         if stats is not None:
-            would_be = silenced if self.spec.name == "stapo" and self.settings.folded else None
+            would_be = silenced if self.silences else None
             result.metrics.update(tail_metrics(stats, response_mask, advantages, log_prob, entropy, self.settings,
                                                would_be))
             clock.lap("tail")

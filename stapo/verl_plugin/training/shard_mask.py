@@ -80,7 +80,7 @@ def fold_shard(
 
     response_mask = flat["response_mask"].to(device).bool()
     inputs = MaskInputs(
-        response_mask, on_device("advantages"), on_device("old_log_probs"), on_device("entropy"), group
+        response_mask, on_device("advantages"), on_device("old_log_probs"), on_device("entropy"), group, offsets
     )
     if settings.threshold_scope == "mini_batch":  # the paper's: each PPO mini-batch's own threshold
         rank, size = (0, 1) if group is None else (dist.get_rank(group), dist.get_world_size(group))
