@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
 from stapo.algorithm.token_sample import spread_positions
+from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
 
 
 def spread_evenly(spurious: torch.Tensor, max_tokens: int) -> torch.Tensor:

@@ -52,7 +52,8 @@ def threshold_grid(
         advantages = broadcast_advantages(advantages, log_prob)
         num_tokens = float(torch.count_nonzero(response_mask))
         # one pass over the batch: the tokens below the largest tau_p (a small share), then only those
-        # a log-prob of -inf is never a candidate (exp gives 0), as in the S2T rule (stapo.algorithm.s2t.candidate_parts)
+        # a log-prob of -inf is never a candidate (exp gives 0), as in the S2T rule
+        # (stapo.algorithm.s2t.candidate_parts)
         low = response_mask.bool() & torch.isfinite(entropy) & (torch.exp(log_prob) < max(tau_ps))
         low &= log_prob != -math.inf
         low_prob, low_entropy, low_adv = torch.exp(log_prob[low]), entropy[low], advantages[low]

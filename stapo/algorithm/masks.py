@@ -225,7 +225,8 @@ class MaskSpec:
     # counts the entry already totals over the detection scope (every rank of the group): a caller that
     # sums the other counts over ranks must take these as they are
     scope_counts: tuple[str, ...] = ()
-    weighted: bool = False  # returns a weight (stapo.algorithm.token_weights): the loss must receive it, not only the masks
+    # returns a weight (stapo.algorithm.token_weights): the loss must receive it, not only the masks
+    weighted: bool = False
 
 
 TOKEN_MASK_REGISTRY: dict[str, MaskSpec] = {}
@@ -516,7 +517,7 @@ def entropy20_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     return TokenMask(drop, drop_count, {"num_kept": count(keep)}, stats)
 
 
-# --- soft weights (stapo.algorithm.token_weights): nothing dropped, every kept token's loss weighted ----------------------
+# --- soft weights (stapo.algorithm.token_weights): nothing dropped, every kept token's loss weighted ---------------
 
 WEIGHT_RATIOS = {
     "mean_weight": ("weight_sum", "num_response_tokens"),
@@ -551,7 +552,7 @@ def advrew_mask(inputs: MaskInputs, settings: MaskSettings) -> TokenMask:
     return weighted_mask(inputs, advrew_weight(inputs.log_prob, inputs.response_mask, settings.advrew_alpha))
 
 
-# --- the 2026 stabilisers' weights (stapo.algorithm.stare, stapo.algorithm.steer; docs/algorithm.md section 7) ---------
+# --- the 2026 stabilisers' weights (stapo.algorithm.stare, stapo.algorithm.steer; docs/algorithm.md section 7) ---
 
 UPWEIGHT_RATIOS = {**WEIGHT_RATIOS, "upweighted_frac": ("num_upweighted", "num_response_tokens")}
 

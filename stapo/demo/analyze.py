@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from stapo.data.arithmetic import DATA_SOURCE, make_rows
 from stapo.algorithm.masks import MaskInputs, MaskSettings, build_token_mask, finalize_metrics, get_token_mask
+from stapo.algorithm.validation import PAPER_ENTROPY_QUANTILE, PAPER_TAU_P
+from stapo.data.arithmetic import DATA_SOURCE, make_rows
 from stapo.models.generation import load_for_generation
 from stapo.reward.arithmetic import compute_score
 from stapo.spurious_log import append_jsonl, most_frequent, spurious_records
-from stapo.algorithm.validation import PAPER_ENTROPY_QUANTILE, PAPER_TAU_P
 from stapo.verl_plugin.training.diagnostic_outputs import SpuriousTokenLog
 
 

@@ -202,8 +202,8 @@ def _print_report(
 def config_refusal(overrides: list[str]) -> str | None:
     """The recipe's one-line refusal of a job's config, checked here before anything is probed or submitted
     (the paths are the cluster's: they are checked by the job)."""
-    from stapo.check import check_run, compose_run
     from stapo.algorithm.validation import STAPOConfigError, refusal_line
+    from stapo.check import check_run, compose_run
 
     try:
         check_run(compose_run(overrides), paths=False)

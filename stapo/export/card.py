@@ -23,8 +23,9 @@ MASK_SETTINGS = {
     "steer": ("source", "steer_lambda_min"),
 }
 _ALL_MASK_SETTINGS = ("source", "tau_p", "entropy_quantile", "entropy_top_fraction", "entropy_denominator",
-                      "threshold_scope", "taco_alpha", "taco_lambda", "advrew_alpha", "stare_variant", "stare_top_ratio",
-                      "stare_w", "stare_m", "stare_target_entropy", "steer_lambda_min", "lopti", "lopti_eta")
+                      "threshold_scope", "taco_alpha", "taco_lambda", "advrew_alpha", "stare_variant",
+                      "stare_top_ratio", "stare_w", "stare_m", "stare_target_entropy", "steer_lambda_min", "lopti",
+                      "lopti_eta")
 # Lopti's, shown with any mask when it is on (it is not a mask: two updates per step, docs/algorithm.md 7)
 LOPTI_SETTINGS = ("lopti", "lopti_eta")
 # metrics shown first, when logged (everything logged is listed below them)

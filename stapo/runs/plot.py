@@ -22,12 +22,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from stapo.algorithm.validation import did_you_mean
 from stapo.rundir import ENTROPY_KEYS
 from stapo.runs.archive import has_comparison, runs_from_comparison
 from stapo.runs.compare import ComparisonError, add_step_option, write_comparison
 from stapo.runs.folder import RunData, find_runs, group_runs, is_run_folder, load_run, load_run_config, read_run_metrics
 from stapo.runs.stats import mean_se
-from stapo.algorithm.validation import did_you_mean
 
 
 @dataclass(frozen=True)

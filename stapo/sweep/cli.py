@@ -376,8 +376,8 @@ def check_cells(runs: list[PlannedRun], common: list[str], paths: bool) -> list:
     the recipe would refuse (an unknown algorithm, a bad value) is refused now, naming the cell, instead of
     failing when its turn comes. ``paths``: also the model and data files (they are on this machine for a
     local sweep; on a cluster's nodes for ``--launcher ray``). The composed configs, in the order of ``runs``."""
-    from stapo.check import check_run, compose_run
     from stapo.algorithm.validation import STAPOConfigError
+    from stapo.check import check_run, compose_run
 
     configs = []
     for run in runs:

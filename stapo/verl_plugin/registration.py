@@ -29,7 +29,8 @@ TRAINER_PACKAGE = "verl.trainer.ppo.v1"
 
 
 def register_losses(_core_algos) -> None:
-    importlib.import_module("stapo.verl_plugin.training.losses")  # its decorators register "masked_clip", "gmpo", "dcpo"
+    # its decorators register "masked_clip", "gmpo", "dcpo"
+    importlib.import_module("stapo.verl_plugin.training.losses")
 
 
 def register_agent_loop(agent_loop_module) -> None:

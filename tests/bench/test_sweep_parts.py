@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.runs.compare import mean_se, summarize_group, summarize_run, write_comparison
 from stapo.runs.folder import group_runs, load_run, load_run_config, name_and_seed, read_run_metrics
 from stapo.runs.plot import group_series, plot_groups
 from stapo.sweep.grid import PlannedRun, parse_axis, parse_seeds, plan, split_values
-from stapo.algorithm.validation import STAPOConfigError
 from stapo.wandb_offline import read_history, read_records, wandb_files
 
 

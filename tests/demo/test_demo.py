@@ -178,8 +178,8 @@ def test_a_tailbed_runs_as_its_preset_with_the_testbeds_task(tmp_path, model):
 def test_demo_model_choices_a_stapo_name_a_hub_id_or_a_folder(tmp_path):
     """``stapo://testbed`` is the testbed, run as its preset; an org/name hub id and an existing folder of any name
     pass the choice (the folder's and the id's own checks follow); a bare name does not."""
-    from stapo.demo.cli import build_parser, check_model_choice, demo_model, fill_defaults
     from stapo.algorithm.validation import STAPOConfigError
+    from stapo.demo.cli import build_parser, check_model_choice, demo_model, fill_defaults
 
     args = fill_defaults(build_parser().parse_args(["--model", "stapo://testbed"]))
     assert args.model == "testbed" and demo_model(args).preset == "testbed"

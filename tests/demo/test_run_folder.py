@@ -8,12 +8,12 @@ import struct
 import pytest
 import torch
 
+from stapo.algorithm.token_sample import spread_positions
 from stapo.rundir import METRICS_NAME, metric_segments, read_metrics, rotate_metrics
 from stapo.runs.plot import plot_runs, run_labels, series, trailing_mean
 from stapo.runs.progress import Progress, format_duration, parse_step_line, parse_steps
 from stapo.runs.train import MetricsFollower
 from stapo.spurious_log import LOG_NAME, SUMMARY_NAME, append_jsonl, write_summary
-from stapo.algorithm.token_sample import spread_positions
 from stapo.verl_plugin.training.diagnostic_outputs import SpuriousTokenLog
 from stapo.verl_plugin.training.driver_diagnostics import reward_extra_means
 from tests.spurious_log_reference import spread_evenly, write_padded_log

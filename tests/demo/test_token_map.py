@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from stapo.demo.token_map import draw_token_map, read_samples
 from stapo.algorithm.token_sample import token_sample
+from stapo.demo.token_map import draw_token_map, read_samples
 
 
 def test_token_sample_is_spread_and_faithful():

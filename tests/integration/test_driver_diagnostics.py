@@ -21,8 +21,8 @@ from tensordict import NonTensorStack, TensorDict
 from benchmarks.tq_roundtrip import PARTITION, driver_diagnostics, quiet, transfer_queue
 from stapo.algorithm.ablation import threshold_grid
 from stapo.algorithm.masks import MaskInputs, build_token_mask
-from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.algorithm.token_sample import token_sample
+from stapo.rundir import ENTROPY_TOKEN_MEAN
 from stapo.verl_plugin.training.diagnostic_outputs import SpuriousTokenLog
 from stapo.verl_plugin.training.driver_diagnostics import ENTROPY_MAX
 from tests.integration.jagged_rows import response_rows

@@ -319,8 +319,8 @@ def recipe_refusal(overrides: tuple[str, ...], local: bool, validate: bool = Tru
     only needs its key; the paths are checked for a ``stapo://`` model on this machine (``local``)."""
     from omegaconf import OmegaConf
 
-    from stapo.check import check_run, compose_run, quiet_optional_engines
     from stapo.algorithm.validation import STAPOConfigError
+    from stapo.check import check_run, compose_run, quiet_optional_engines
 
     quiet_optional_engines()
     given = [o for o in overrides if o != "..."]
@@ -425,9 +425,9 @@ def doctor_problems(args: list[str]) -> list[str]:
 def sweep_problems(args: list[str]) -> list[str]:
     """``stapo sweep``'s own parser and plan, then its check of every cell before a run starts
     (``check_cells``, the recipe's checks) on the first seed's runs: the seeds change only the seed keys."""
+    from stapo.algorithm.validation import STAPOConfigError
     from stapo.sweep.cli import build_parser, check_cells
     from stapo.sweep.grid import parse_axis, parse_seeds, plan
-    from stapo.algorithm.validation import STAPOConfigError
 
     if {"-h", "--help"} & set(args):
         return []  # the help ran already
@@ -764,8 +764,8 @@ TROUBLESHOOTING = troubleshooting_pairs()
 
 def refusal_with_paths(overrides: list[str]) -> str | None:
     """What ``stapo check OVERRIDES`` refuses, the model and data paths checked as on this machine (None: OK)."""
-    from stapo.check import check_run, compose_run, quiet_optional_engines
     from stapo.algorithm.validation import STAPOConfigError
+    from stapo.check import check_run, compose_run, quiet_optional_engines
 
     quiet_optional_engines()
     try:

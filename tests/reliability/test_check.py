@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.check import check_run, compose_run
 from stapo.cli import main as stapo_main
 from stapo.data.rows import rl_row, write_rows
 from stapo.input_checks import check_data_file, check_inputs, check_model_path
-from stapo.algorithm.validation import STAPOConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 COLUMNS = {"prompt": "data.prompt_key", "data_source": "data.reward_fn_key", "reward_model": "ground truth"}

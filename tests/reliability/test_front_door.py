@@ -15,13 +15,13 @@ from importlib.metadata import version
 import pandas as pd
 import pytest
 
+from stapo.algorithm.validation import STAPOConfigError
 from stapo.check import check_run, compose_run
 from stapo.cli import COMMANDS
 from stapo.cli import main as stapo_main
 from stapo.data.rows import rl_row, write_rows
 from stapo.input_checks import check_data_file, check_inputs, planned_steps
 from stapo.runs.progress import Progress, SweepClock, format_duration, validations_after
-from stapo.algorithm.validation import STAPOConfigError
 
 MODEL = "actor_rollout_ref.model.path"
 OWN = "stapo.cpu_preset.allow_other_inputs=true"

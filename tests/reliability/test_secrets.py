@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from stapo.credentials import MASK, find_secrets, redact, redact_text
 from stapo.algorithm.validation import STAPOConfigError
+from stapo.credentials import MASK, find_secrets, redact, redact_text
 from stapo.verl_plugin.preflight.run_checks import validate_run_config
 from stapo.verl_plugin.training.loggers import wandb_env_defaults
 from tests.recipe_config import config_for_verl, recipe_config

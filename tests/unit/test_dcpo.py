@@ -27,8 +27,9 @@ def loop_bounds(old_lp: float, eps_low: float = EPS_LOW, eps_high: float = EPS_H
     cap = max(c, 10.0)
     if q == 0.0:
         return 1.0, cap
-    return 0.5 + 0.5 * math.sqrt(max(1.0 - 4.0 * eps_low / q, 0.0)), min(0.5 + 0.5 * math.sqrt(1.0 + 4.0 * eps_high / q),
-                                                                        cap)
+    low = 0.5 + 0.5 * math.sqrt(max(1.0 - 4.0 * eps_low / q, 0.0))
+    high = min(0.5 + 0.5 * math.sqrt(1.0 + 4.0 * eps_high / q), cap)
+    return low, high
 
 
 def loop_token(old_lp: float, lp: float, a: float) -> tuple[float, float]:
@@ -175,7 +176,8 @@ def test_an_empty_micro_batch_is_an_exact_zero_and_a_nan_old_log_prob_refuses():
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("actor_rollout_ref.actor.policy_loss.token_mask=taco", "only actor_rollout_ref.actor.policy_loss.loss_mode=masked_clip"),
+    ("actor_rollout_ref.actor.policy_loss.token_mask=taco",
+     "only actor_rollout_ref.actor.policy_loss.loss_mode=masked_clip"),
     ("actor_rollout_ref.actor.policy_loss.source=current", "source=current builds the mask inside the loss"),
 ])
 def test_what_dcpo_cannot_apply_is_refused_before_ray(override, message):

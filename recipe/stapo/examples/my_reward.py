@@ -2,8 +2,10 @@
 
 Use it with the recipe (or verl's own trainer):
 
-    reward.custom_reward_function.path=$PWD/recipe/stapo/examples/my_reward.py   (an absolute path: verl opens it on every worker)
+    reward.custom_reward_function.path=$PWD/recipe/stapo/examples/my_reward.py
     reward.custom_reward_function.name=compute_score
+
+(an absolute path: verl opens it from every reward worker's own directory).
 
 verl 0.9.1 imports this file in its reward workers and calls the function once per response, with
 keywords: ``data_source``, ``solution_str`` (the decoded response, special tokens removed),

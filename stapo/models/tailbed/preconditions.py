@@ -63,8 +63,8 @@ def sample(model, tokenizer, problems: list[tuple[int, ...]], samples: int, seed
            filler_start: int | None = None, chunk: int = 32) -> Samples:
     """``samples`` replies a problem at T=1, top-p 1, from ``seed``; their per-token statistics from one forward
     pass over prompt and reply (the old-policy pass), ``chunk`` problems at a time."""
-    from stapo.demo.analyze import _response_mask, token_log_prob_and_entropy
     from stapo.algorithm.gradnorm import collision_probability
+    from stapo.demo.analyze import _response_mask, token_log_prob_and_entropy
 
     torch.manual_seed(seed)
     parts: dict[str, list[torch.Tensor]] = {}

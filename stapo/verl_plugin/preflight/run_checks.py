@@ -16,7 +16,6 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from stapo.credentials import find_secrets
 from stapo.algorithm.loss import check_aggregation
 from stapo.algorithm.masks import MaskSettings, get_token_mask
 from stapo.algorithm.validation import (
@@ -29,6 +28,7 @@ from stapo.algorithm.validation import (
     did_you_mean,
     is_finite_number,
 )
+from stapo.credentials import find_secrets
 from stapo.verl_plugin.cpu import vllm_cpu
 from stapo.verl_plugin.preflight.batch_checks import check_run_batches
 from stapo.verl_plugin.preflight.custom_rule_check import check_custom_files, effective_token_mask

@@ -21,7 +21,8 @@ _DEFAULTS = MaskSettings()
 
 @dataclass
 class STAPOPolicyLossConfig(PolicyLossConfig):
-    """verl's PolicyLossConfig plus the token-mask settings; defaults and meanings: ``stapo.algorithm.masks.MaskSettings``."""
+    """verl's PolicyLossConfig plus the token-mask settings; defaults and meanings:
+    ``stapo.algorithm.masks.MaskSettings``."""
 
     token_mask: str = _DEFAULTS.token_mask
     source: str = _DEFAULTS.source

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from stapo.algorithm.ablation import DEFAULT_QS, DEFAULT_TAU_PS, threshold_grid
-from stapo.spurious_log import LOG_NAME, append_jsonl
 from stapo.algorithm.token_sample import token_sample
+from stapo.spurious_log import LOG_NAME, append_jsonl
 
 ABLATION_PREFIX = "actor/stapo/ablation/"
 SAMPLE_NAME = "token_samples.jsonl"
@@ -49,7 +49,8 @@ class SpuriousTokenLog:
 
 @dataclass(frozen=True)
 class GridAndSample:
-    """``stapo.algorithm.ablation`` (the threshold grid, as metrics) and ``stapo.algorithm.token_sample`` (run_dir file).
+    """``stapo.algorithm.ablation`` (the threshold grid, as metrics) and ``stapo.algorithm.token_sample``
+    (run_dir file).
 
     The defaults here are the recipe's (conf/stapo_trainer.yaml spells them out; a test keeps the two
     equal); a key absent from the config takes them."""

@@ -28,9 +28,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 from stapo.algorithm.gradnorm import exact_norm_shares
 from stapo.algorithm.masks import MaskInputs, MaskSettings, MaskSpec, build_token_mask, build_token_mask_in_parts, count
+from stapo.algorithm.token_sample import spread_positions
 from stapo.rundir import ENTROPY_MAX, ENTROPY_TOKEN_MEAN, TAIL_MASS, TAIL_MASS_MAX, TAIL_SAMPLED
 from stapo.spurious_log import append_jsonl, spurious_records, valid_lengths
-from stapo.algorithm.token_sample import spread_positions
 from stapo.verl_plugin.cpu.sampling import TOKEN_STATS_FIELD
 from stapo.verl_plugin.training.diagnostic_outputs import GridAndSample, SpuriousTokenLog
 from stapo.verl_plugin.training.jagged import flat_fields
