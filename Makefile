@@ -54,7 +54,10 @@ test-fast: setup lint-tools
 IMAGE_OVERLAY := .venv-image
 # the tests where transformers does the work (models built and loaded, verl's forward on the padding-free and padded
 # paths, the loss through verl's engine, the recipe's composition): the whole of tests/unit and
-# tests/integration under it take about 5 min more on 2 cores (IMAGE_FAST_TESTS="tests/unit tests/integration")
+# tests/integration under it take about 5 min more on 2 cores (IMAGE_FAST_TESTS="tests/unit tests/integration").
+# tests/unit stays whole: its modules are about 50 s of worker time in all (benchmarks/suite_runs/), while the
+# composition test (verl's model config reads the model's config through transformers) and the trainer run are most
+# of the step; a pure-torch module left out would save seconds and miss a new module that loads a model.
 IMAGE_FAST_TESTS ?= tests/unit tests/integration/test_padding_free_parity.py tests/integration/test_verl_loss_path.py \
 	tests/integration/test_agg_modes.py tests/e2e/test_compose.py
 IMAGE_TRAINER_TEST ?= tests/e2e/test_trainer_cpu.py::test_stapo_with_two_fsdp_ranks_over_gloo

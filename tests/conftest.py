@@ -43,3 +43,25 @@ def _ray_auth_settings_do_not_leak():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+# The suite's slowest modules, printed at the end (issue 62): each module's setup, call and teardown time summed
+# over its tests, so a trainer run a fixture starts counts for the module that started it. Under pytest-xdist the
+# workers' reports reach the controller's hook too, so the sums are the whole run's worker time.
+SLOWEST_MODULES = 15
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _module_seconds:
+        return
+    ranked = sorted(_module_seconds.items(), key=lambda item: -item[1])
+    terminalreporter.write_sep("=", f"slowest {min(SLOWEST_MODULES, len(ranked))} modules (setup + call + teardown)")
+    for module, seconds in ranked[:SLOWEST_MODULES]:
+        terminalreporter.write_line(f"{seconds:9.1f} s  {module}")
+    terminalreporter.write_line(f"{sum(_module_seconds.values()):9.1f} s  all {len(ranked)} modules (worker time)")

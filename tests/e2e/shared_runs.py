@@ -9,6 +9,9 @@ started again: pytest keeps the fixture's result for the session, failure includ
 
 Time: the run's seconds count against the first test that asks for it (pytest-timeout covers fixture
 set-up), so each module that uses one keeps a timeout of at least ``RUN_TIMEOUT_S`` plus its own runs.
+Every run of ``launch`` on the HF server joins one Ray head per pytest process instead of starting Ray
+(``tests.e2e.cpu_runs.session_ray``, stopped by ``pytest_sessionfinish`` below): the same numbers, about
+a sixth less CPU a run (docs/testing.md, "Where a launch's time goes").
 
 Where two configurations differed only in a setting no assertion reads (a rollout dump, a run
 folder, a checkpoint frequency, 2 vs 4 steps), they are one run here; the docstring of each fixture
@@ -22,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cpu_runs import Run, run_recipe
+from tests.e2e.cpu_runs import Run, run_recipe, session_ray, stop_session_ray
 
 RUN_TIMEOUT_S = 600
 # the fixtures below, by name: the modules that read them run on one pytest-xdist worker (tests/parallel.py)
-SHARED_RUN_FIXTURES = frozenset({"stapo_run", "grpo_run", "entropy20_run"})
+SHARED_RUN_FIXTURES = frozenset({"stapo_run", "grpo_run", "entropy20_run", "stapo_two_ranks_run"})
 
 # algo=stapo, 4 steps, a checkpoint every 2 steps, the run folder and verl's rollout dump
 STAPO = [
@@ -47,6 +50,18 @@ ENTROPY20 = [
     "algo=entropy20",
     "trainer.total_training_steps=2",
     "trainer.save_freq=2",
+]
+# algo=stapo on two FSDP ranks over gloo, 2 steps, two shuffled PPO mini-batches a step (tau_h per mini-batch),
+# Lopti on, a warmup; the run folder and the rollout dump
+STAPO_TWO_RANKS = [
+    "algo=stapo",
+    "trainer.n_gpus_per_node=2",
+    "trainer.total_training_steps=2",
+    "trainer.save_freq=-1",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.shuffle=true",
+    "actor_rollout_ref.actor.policy_loss.lopti=true",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
 ]
 
 
@@ -71,14 +86,19 @@ class SharedRun:
 def launch(root: Path, overrides: list[str], *, run_dir: bool = False, rollouts: bool = False,
            timeout: int = RUN_TIMEOUT_S) -> SharedRun:
     """One run of the tiny trainer under ``root``: checkpoints in ``root/ckpt``, optionally the run folder
-    (``stapo.run_dir``) in ``root/run`` and verl's rollout dump (``trainer.rollout_data_dir``) in ``root/rollouts``."""
+    (``stapo.run_dir``) in ``root/run`` and verl's rollout dump (``trainer.rollout_data_dir``) in ``root/rollouts``.
+
+    A run on the HF server joins this pytest process's Ray head (``tests.e2e.cpu_runs.session_ray``): no Ray start
+    of its own, the same numbers (docs/testing.md, "Where a launch's time goes")."""
     root.mkdir(parents=True, exist_ok=True)
     extra = []
     if run_dir:
         extra.append(f"stapo.run_dir={root / 'run'}")
     if rollouts:
         extra.append(f"trainer.rollout_data_dir={root / 'rollouts'}")
-    run = run_recipe([*overrides, *extra], root / "ckpt", timeout=timeout)
+    # vLLM's runs keep a Ray of their own: the engine processes vLLM forks are then in the run's session, ended with it
+    vllm = "actor_rollout_ref.rollout.name=vllm" in overrides
+    run = run_recipe([*overrides, *extra], root / "ckpt", timeout=timeout, cluster=None if vllm else session_ray())
     return SharedRun(run, [*overrides, *extra], root / "ckpt", root / "run" if run_dir else None,
                      root / "rollouts" if rollouts else None)
 
@@ -116,3 +136,21 @@ def entropy20_run(tmp_path_factory) -> SharedRun:
     tests/bench/test_algos_train.py (the entropy20 token mask trains: finite loss, gradient, new weights).
     """
     return launch(tmp_path_factory.mktemp("shared-entropy20"), ENTROPY20)
+
+
+@pytest.fixture(scope="session")
+def stapo_two_ranks_run(tmp_path_factory) -> SharedRun:
+    """STAPO on two FSDP ranks, 2 steps, two shuffled mini-batches a step, Lopti on, with the run folder and the
+    rollout dump.
+
+    Users:
+    - tests/e2e/test_trainer_cpu.py::test_stapo_with_two_fsdp_ranks_over_gloo (launched it itself before)
+    - tests/e2e/test_custom_rule_runs.py::test_the_s2t_rule_file_trains_as_algo_stapo (the same run with the rule
+      from recipe/stapo/examples/s2t_rule.py must equal this one bit for bit)
+    """
+    return launch(tmp_path_factory.mktemp("shared-stapo-two-ranks"), STAPO_TWO_RANKS, run_dir=True, rollouts=True)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """The Ray head the runs joined stops with the session (each pytest-xdist worker stops its own)."""
+    stop_session_ray()
