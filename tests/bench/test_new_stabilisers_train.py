@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from tests.bench.test_algos_train import SMALLEST, assert_trained, weights_changed
-from tests.e2e.cpu_runs import run_recipe
+from tests.e2e.cpu_runs import run_recipe, session_ray
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -48,7 +48,7 @@ def test_each_new_stabiliser_trains_two_steps(tmp_path, algo):
     from stapo.models.tiny import build_tiny_model
 
     run = run_recipe([f"algo={algo}", *TWO_STEPS, *RUNS[algo], f"stapo.run_dir={tmp_path / 'run'}"],
-                     tmp_path / "ckpt")
+                     tmp_path / "ckpt", cluster=session_ray())  # joins this worker's Ray head: no Ray start
     print(f"[e2e] algo={algo}: 2 steps in {run.seconds:.0f} s")
     assert run.returncode == 0, run.log[-6000:]
     assert sorted(run.steps) == [1, 2], run.log[-6000:]
