@@ -76,6 +76,7 @@ def test_the_same_run_resumes_its_own_checkpoint_with_more_steps(tmp_path):
     ("data.max_response_length=4096", "data.max_response_length"),
     ("actor_rollout_ref.rollout.n=16", "actor_rollout_ref.rollout.n"),
     ("data.seed=7", "data.seed"),
+    ("stapo.custom_rule.name=s2t_rule", "stapo.custom_rule"),
 ])
 def test_another_run_s_checkpoint_is_refused_naming_what_differs(tmp_path, override, key):
     folder = tmp_path / "ckpt"

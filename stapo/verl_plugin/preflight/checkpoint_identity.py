@@ -45,6 +45,7 @@ TRAINING_KEYS = (
     f"{AR}.rollout.seed",
     "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.use_kl_in_reward",
     "reward.custom_reward_function.path", "reward.custom_reward_function.name",
+    "stapo.custom_rule", "stapo.import_files",  # a user's token rule or loss file (docs/algorithm.md section 10)
 )
 
 
