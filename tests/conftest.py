@@ -45,6 +45,31 @@ def _ray_auth_settings_do_not_leak():
             os.environ[key] = value
 
 
+
+# A user's rule or loss file registers into process-wide registries (stapo.algorithm.masks's TOKEN_MASK_REGISTRY
+# as custom:NAME, verl's POLICY_LOSS_REGISTRY), as the driver and each worker do once per run. In one pytest
+# process those entries would outlive the module that made them (test_custom_rule, an in-process `stapo check`
+# of a doc command) and reach the tests that iterate over every registered rule: each module gets the
+# registries back as they were before it.
+@pytest.fixture(autouse=True, scope="module")
+def _user_registrations_do_not_leak():
+    from stapo.algorithm.masks import TOKEN_MASK_REGISTRY
+
+    masks_before = set(TOKEN_MASK_REGISTRY)
+    core_algos = sys.modules.get("verl.trainer.ppo.core_algos")
+    losses_before = set(core_algos.POLICY_LOSS_REGISTRY) if core_algos is not None else set()
+    yield
+    for name in set(TOKEN_MASK_REGISTRY) - masks_before:
+        if name.startswith("custom:"):
+            del TOKEN_MASK_REGISTRY[name]
+    core_algos = sys.modules.get("verl.trainer.ppo.core_algos")
+    if core_algos is not None:
+        registry = core_algos.POLICY_LOSS_REGISTRY
+        for name in set(registry) - losses_before:  # verl's and the plugin's own are registered at import: kept
+            if not (getattr(registry[name], "__module__", "") or "").startswith(("verl.", "stapo.")):
+                del registry[name]
+
+
 # The suite's slowest modules, printed at the end (issue 62): each module's setup, call and teardown time summed
 # over its tests, so a trainer run a fixture starts counts for the module that started it. Under pytest-xdist the
 # workers' reports reach the controller's hook too, so the sums are the whole run's worker time.
