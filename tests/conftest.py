@@ -50,12 +50,16 @@ def _ray_auth_settings_do_not_leak():
 # as custom:NAME, verl's POLICY_LOSS_REGISTRY), as the driver and each worker do once per run. In one pytest
 # process those entries would outlive the module that made them (test_custom_rule, an in-process `stapo check`
 # of a doc command) and reach the tests that iterate over every registered rule: each module gets the
-# registries back as they were before it.
+# registries, and the imported user files, back as they were before it.
+USER_FILES = "stapo_user_files."  # stapo.verl_plugin.training.custom_rule.MODULE_PREFIX, without importing verl here
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _user_registrations_do_not_leak():
     from stapo.algorithm.masks import TOKEN_MASK_REGISTRY
 
     masks_before = set(TOKEN_MASK_REGISTRY)
+    files_before = {name for name in sys.modules if name.startswith(USER_FILES)}
     core_algos = sys.modules.get("verl.trainer.ppo.core_algos")
     losses_before = set(core_algos.POLICY_LOSS_REGISTRY) if core_algos is not None else set()
     yield
@@ -68,6 +72,9 @@ def _user_registrations_do_not_leak():
         for name in set(registry) - losses_before:  # verl's and the plugin's own are registered at import: kept
             if not (getattr(registry[name], "__module__", "") or "").startswith(("verl.", "stapo.")):
                 del registry[name]
+    # the files themselves too: the loader imports a file once a process, so a later module's load registers again
+    for name in [name for name in sys.modules if name.startswith(USER_FILES) and name not in files_before]:
+        del sys.modules[name]
 
 
 # The suite's slowest modules, printed at the end (issue 62): each module's setup, call and teardown time summed
