@@ -23,13 +23,17 @@ from tests.recipe_config import config_for_verl
 
 
 class Server:
-    """Records each request's prompt; answers with the prompt reversed."""
+    """Records each request's prompt; answers with the prompt reversed, after yielding to the event loop once so that
+    concurrent requests are in flight together, as on a real server (without it each request is acquired and
+    released before the next, every choice is a tie and verl's balancer picks at random: 1 run in 128 sent all 8 to
+    one server)."""
 
     def __init__(self):
         self.prompts = []
 
     async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
         self.prompts.append(list(prompt_ids))
+        await asyncio.sleep(0)
         return TokenOutput(token_ids=prompt_ids[::-1], log_probs=None, extra_fields={"global_steps": 3})
 
 
