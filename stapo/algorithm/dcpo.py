@@ -9,7 +9,8 @@ change of probability instead, ``|(r - 1) q| <= eps`` in the authors' README for
 
 with ``c`` the dual-clip constant (the cap ``max(c, 10)`` is the authors' code, ``get_clip_low_high``, not the
 paper's text). The per-token loss is PPO's with these bounds and verl's dual clip,
-``max(-A r, -A clip(r, low, high))``, capped at ``-A c`` for ``A < 0`` (the authors' ``clip_type: dynamic``).
+``max(-A r, -A clip(r, low, high))``, capped at ``-A c`` for ``A < 0`` (the authors' ``clip_type: dynamic``):
+``masked_clip``'s own arithmetic (``stapo.algorithm.loss.ratio_clipped_pg_losses``) with per-token bounds.
 ``low`` is in ``[1/2, 1]`` and ``high`` in ``[1, max(c, 10)]``, so the clip range always contains 1.
 
 A probability ``q`` that underflows to 0 gets ``low = 1`` and ``high = max(c, 10)``, as the authors' code.
@@ -21,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from stapo.algorithm.loss import LOG_RATIO_LIMIT, outside_mask_zeroed
-from stapo.algorithm.validation import STAPOConfigError
+from stapo.algorithm.loss import outside_mask_zeroed, ratio_clipped_pg_losses, weighted_in_mask
 
 DCPO_HIGH_CAP = 10.0  # the upper bound never exceeds max(clip_ratio_c, this) (get_clip_low_high)
 
@@ -55,25 +55,7 @@ def dcpo_pg_losses(
     """DCPO's per-token losses over ``mask`` (0 elsewhere, no path for a NaN outside it), times the optional
     per-token ``weights`` (verl's rollout importance weights), and the flags ``clipped`` (the clipped branch is
     the larger loss), ``dual_clipped``, ``log_ratio``, ``low`` and ``high`` (the bounds)."""
-    if clip_ratio_c <= 1.0:
-        raise STAPOConfigError(f"clip_ratio_c must be > 1 (dual-clip constant, DCPO's script: 10), got {clip_ratio_c}")
     old_in, log_in, adv_in, weights_in = outside_mask_zeroed(mask, old_log_prob, log_prob, advantages, weights)
-    old_in, adv_in = old_in.detach(), adv_in.detach()
     low, high = dcpo_ratio_bounds(old_in, eps_low, eps_high, clip_ratio_c)
-    log_ratio = torch.clamp(log_in - old_in, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    ratio = torch.exp(log_ratio)
-    unclipped = -adv_in * ratio
-    clipped = -adv_in * torch.clamp(ratio, low, high)
-    ppo = torch.maximum(unclipped, clipped)
-    cap = -adv_in * clip_ratio_c
-    pg_losses = torch.where(adv_in < 0, torch.minimum(ppo, cap), ppo)
-    if weights_in is not None:
-        pg_losses = pg_losses * weights_in
-    flags = {
-        "clipped": clipped > unclipped,
-        "dual_clipped": (adv_in < 0) & (ppo > cap),
-        "log_ratio": log_ratio,
-        "low": low,
-        "high": high,
-    }
-    return pg_losses * mask.to(pg_losses.dtype), flags
+    pg_losses, flags = ratio_clipped_pg_losses(old_in, log_in, adv_in, low, high, clip_ratio_c)
+    return weighted_in_mask(pg_losses, weights_in, mask), {**flags, "low": low, "high": high}

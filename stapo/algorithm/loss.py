@@ -74,13 +74,34 @@ def clipped_pg_losses(
     Returns ``(pg_losses, flags)`` where flags hold ``clipped`` (the clipped branch is the larger
     loss), ``dual_clipped`` (A < 0 and the dual-clip cap is active) and ``log_ratio``.
     """
+    low, high = 1.0 - clip_ratio_low, 1.0 + clip_ratio_high
+    return ratio_clipped_pg_losses(old_log_prob, log_prob, advantages, low, high, clip_ratio_c)
+
+
+def ratio_clipped_pg_losses(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    low: float | torch.Tensor,
+    high: float | torch.Tensor,
+    clip_ratio_c: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token ``max(-A r, -A clip(r, low, high))`` with verl's dual clip (capped at ``-A c`` for A < 0), and
+    the flags of :func:`clipped_pg_losses`.
+
+    ``low`` and ``high`` bound the ratio itself: PPO's ``1 - eps_low`` and ``1 + eps_high`` (floats, section 3
+    of docs/algorithm.md) or DCPO's per-token bounds (tensors, section 7). One piece of arithmetic for both, so
+    the two objectives differ only in their bounds.
+    """
     if clip_ratio_c <= 1.0:
-        raise STAPOConfigError(f"clip_ratio_c must be > 1 (dual-clip constant, paper: 10), got {clip_ratio_c}")
+        raise STAPOConfigError(
+            f"clip_ratio_c must be > 1 (dual-clip constant, paper and DCPO's script: 10), got {clip_ratio_c}"
+        )
     old_log_prob, advantages = old_log_prob.detach(), advantages.detach()
     log_ratio = torch.clamp(log_prob - old_log_prob, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped = -advantages * torch.clamp(ratio, low, high)
     ppo = torch.maximum(unclipped, clipped)
     cap = -advantages * clip_ratio_c
     pg_losses = torch.where(advantages < 0, torch.minimum(ppo, cap), ppo)
@@ -119,9 +140,15 @@ def masked_pg_losses(
     times the optional per-token ``weights`` (verl's rollout importance-sampling weights)."""
     old_in, log_in, adv_in, weights_in = outside_mask_zeroed(mask, old_log_prob, log_prob, advantages, weights)
     pg_losses, flags = clipped_pg_losses(old_in, log_in, adv_in, clip_ratio_low, clip_ratio_high, clip_ratio_c)
-    if weights_in is not None:
-        pg_losses = pg_losses * weights_in
-    return pg_losses * mask.to(pg_losses.dtype), flags
+    return weighted_in_mask(pg_losses, weights_in, mask), flags
+
+
+def weighted_in_mask(pg_losses: torch.Tensor, weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token losses times the optional ``weights`` (already zeroed outside ``mask``), then 0 outside ``mask``:
+    the last step of every masked per-token objective (``masked_clip``'s and DCPO's), in one order for both."""
+    if weights is not None:
+        pg_losses = pg_losses * weights
+    return pg_losses * mask.to(pg_losses.dtype)
 
 
 def nan_gradient_loss(log_prob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

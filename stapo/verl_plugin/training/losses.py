@@ -294,6 +294,51 @@ def clip_bounds(config) -> tuple[float, float]:
     return low, high
 
 
+def _loss_settings(config) -> MaskSettings:
+    """The mask settings of a registered loss's config, after refusing a mask configured but never folded."""
+    assert config is not None, "verl passes the actor config to registered policy losses"
+    settings = mask_settings(config)
+    refuse_unfolded_mask(settings)
+    return settings
+
+
+def _kept_loss(
+    pg_losses: torch.Tensor,
+    mask: torch.Tensor,
+    settings: MaskSettings,
+    loss_agg_mode: str,
+    config,
+    scale: float | None,
+    **inputs: torch.Tensor | None,
+) -> torch.Tensor:
+    """The micro-batch's loss from per-token losses already 0 outside ``mask``, made robust as every masked
+    objective (``masked_clip``, ``dcpo``) is (docs/algorithm.md section 6): an exact zero without a kept token;
+    otherwise verl's ``agg_loss`` over the tokens counted (section 3), times ``scale`` (an in-loss mask's rescale
+    to its kept count; None: none); a non-finite loss is logged with the non-finite counts of ``inputs``
+    (``log_prob`` among them) and replaced by a NaN-gradient one, which refuses the update on every rank."""
+    if not mask.any():
+        loss = pg_losses.sum() * 0.0  # nothing to learn here: keeps the graph, exact zero gradient
+    else:
+        count = _count_mask(settings, mask, loss_agg_mode)
+        loss = agg_loss(loss_mat=pg_losses, loss_mask=count, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
+        if scale is not None:
+            loss = loss * scale
+    if not torch.isfinite(loss):
+        logger.warning(nonfinite_report(loss, mask, **inputs))
+        loss = nan_gradient_loss(inputs["log_prob"], mask)
+    return loss
+
+
+def _clip_metrics(flags: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, float]:
+    """verl's three clipped-objective metrics over the kept tokens, from the flags of
+    ``stapo.algorithm.loss.ratio_clipped_pg_losses`` (``masked_clip``'s and ``dcpo``'s)."""
+    return {
+        "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
+        "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
+        "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
+    }
+
+
 @register_policy_loss(LOSS_NAME)
 def compute_policy_loss_masked_clip(
     old_log_prob: torch.Tensor,
@@ -305,9 +350,7 @@ def compute_policy_loss_masked_clip(
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The clipped objective over the kept tokens (docs/algorithm.md section 3), verl's three metrics."""
-    assert config is not None, "verl passes the actor config to registered policy losses"
-    settings = mask_settings(config)
-    refuse_unfolded_mask(settings)
+    settings = _loss_settings(config)
     mask, scale, token_weight = response_mask.bool(), 1.0, _folded_weight(settings)
     if settings.in_loss:
         mask, scale, token_weight = _in_loss_mask(settings, log_prob, advantages, mask)
@@ -318,26 +361,11 @@ def compute_policy_loss_masked_clip(
     clip_low, clip_high = clip_bounds(config)
     clip_c = config.clip_ratio_c  # verl's ActorConfig always has it (its own default: 3.0)
     pg_losses, flags = masked_pg_losses(old_log_prob, log_prob, advantages, mask, clip_low, clip_high, clip_c, weights)
-    if not mask.any():
-        loss = pg_losses.sum() * 0.0  # nothing to learn here: keeps the graph, exact zero gradient
-    else:
-        count = _count_mask(settings, mask, loss_agg_mode)
-        loss = agg_loss(loss_mat=pg_losses, loss_mask=count, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
-        loss = loss * scale
-    if not torch.isfinite(loss):
-        logger.warning(
-            nonfinite_report(
-                loss, mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
-                rollout_is_weights=rollout_is_weights,
-            )
-        )
-        loss = nan_gradient_loss(log_prob, mask)
-    metrics = {
-        "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
-        "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
-        "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
-    }
-    return loss, metrics
+    loss = _kept_loss(
+        pg_losses, mask, settings, loss_agg_mode, config, scale,
+        log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, rollout_is_weights=rollout_is_weights,
+    )
+    return loss, _clip_metrics(flags, mask)
 
 
 @register_policy_loss(GMPO_LOSS_NAME)
@@ -361,8 +389,7 @@ def compute_policy_loss_gmpo(
     ``loss_agg_mode`` is not read (GMPO's objective is a mean over responses); a token mask folded
     into ``response_mask`` applies as for any loss.
     """
-    assert config is not None, "verl passes the actor config to registered policy losses"
-    refuse_unfolded_mask(mask_settings(config))
+    _loss_settings(config)
     mask = response_mask.bool()
     clip_low, clip_high = clip_bounds(config)
     seq_losses, flags = geo_mean_seq_losses(
@@ -399,9 +426,7 @@ def compute_policy_loss_dcpo(
     the refusal of a non-finite loss are the same). Reports the mean bounds over the kept tokens and the share
     of kept tokens whose ratio left them (``actor/dcpo/*``). A weighted token mask is refused before Ray
     (``stapo/verl_plugin/preflight/run_checks.py``): its weights reach ``masked_clip`` only."""
-    assert config is not None, "verl passes the actor config to registered policy losses"
-    settings = mask_settings(config)
-    refuse_unfolded_mask(settings)
+    settings = _loss_settings(config)
     if settings.in_loss:  # refused before Ray too (run_checks): only masked_clip builds a mask in the loss
         raise RuntimeError(f"policy_loss.source=current builds the mask inside {LOSS_NAME} only, not {DCPO_LOSS_NAME}")
     mask = response_mask.bool()
@@ -409,25 +434,14 @@ def compute_policy_loss_dcpo(
     pg_losses, flags = dcpo_pg_losses(
         old_log_prob, log_prob, advantages, mask, eps_low, eps_high, config.clip_ratio_c, rollout_is_weights
     )
-    if not mask.any():
-        loss = pg_losses.sum() * 0.0  # nothing to learn here: keeps the graph, exact zero gradient
-    else:
-        count = _count_mask(settings, mask, loss_agg_mode)
-        loss = agg_loss(loss_mat=pg_losses, loss_mask=count, loss_agg_mode=loss_agg_mode, **config.global_batch_info)
-    if not torch.isfinite(loss):
-        logger.warning(
-            nonfinite_report(
-                loss, mask, log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
-                rollout_is_weights=rollout_is_weights,
-            )
-        )
-        loss = nan_gradient_loss(log_prob, mask)
+    loss = _kept_loss(
+        pg_losses, mask, settings, loss_agg_mode, config, None,
+        log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages, rollout_is_weights=rollout_is_weights,
+    )
     ratio = torch.exp(flags["log_ratio"].detach())
     outside = (ratio < flags["low"]) | (ratio > flags["high"])
     metrics = {
-        "actor/pg_clipfrac": masked_mean(flags["clipped"].float(), mask).item(),
-        "actor/ppo_kl": masked_mean(-flags["log_ratio"], mask).item(),
-        "actor/pg_clipfrac_lower": masked_mean(flags["dual_clipped"].float(), mask).item(),
+        **_clip_metrics(flags, mask),
         DCPO_METRIC_PREFIX + "low_bound_mean": masked_mean(flags["low"], mask).item(),
         DCPO_METRIC_PREFIX + "high_bound_mean": masked_mean(flags["high"], mask).item(),
         DCPO_METRIC_PREFIX + "outside_bounds_frac": masked_mean(outside.float(), mask).item(),
