@@ -128,3 +128,23 @@ def test_with_a_reward_model_it_is_refused_before_ray_starts():
     with pytest.raises(STAPOConfigError, match=r"reward.reward_model.enable=true .* set it to false"):
         validate_run_config(config_for_verl("model_preset=tiny", "stapo.reward_in_agent_loop=true",
                                             "reward.reward_model.enable=true"))
+
+
+def test_the_cpu_presets_start_no_reward_loop_actor_and_zero_needs_the_setting():
+    """reward.num_workers=0 on the CPU presets: the agent-loop worker scores, no idle reward-loop process is started.
+    Zero without stapo.reward_in_agent_loop would leave verl's agent loop an empty list to pick a scorer from."""
+    for preset in ("tiny", "testbed", "tailbed", "smollm2"):
+        assert config_for_verl(f"model_preset={preset}").reward.num_workers == 0
+    validate_run_config(config_for_verl("model_preset=tiny"))
+    validate_run_config(
+        config_for_verl("model_preset=tiny", "stapo.reward_in_agent_loop=false", "reward.num_workers=1"))
+    for off in ("stapo.reward_in_agent_loop=false", "actor_rollout_ref.rollout.agent.agent_loop_manager_class=null"):
+        with pytest.raises(STAPOConfigError, match=r"^reward.num_workers must be an integer >= 1, got 0 \(0 only with "
+                                                   r"stapo.reward_in_agent_loop=true and the recipe's agent-loop "
+                                                   r"manager, actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+                                                   r"stapo.verl_plugin.training.shared_agent_loops.SharedLoopManager\)$"):
+            validate_run_config(config_for_verl("model_preset=tiny", off))
+    for bad in ("-1", "true", "'2'"):
+        with pytest.raises(STAPOConfigError, match=r"^reward.num_workers must be an integer >= 0, got"):
+            validate_run_config(config_for_verl("model_preset=tiny", f"reward.num_workers={bad}"))
+    assert config_for_verl("model_preset=qwen3_1p7b").reward.num_workers >= 1  # verl's own on the GPU presets

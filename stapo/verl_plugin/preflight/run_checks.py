@@ -370,6 +370,7 @@ def _check_recipe_keys(config) -> None:
             "stapo.reward_in_agent_loop=true scores a rule-based reward in the agent-loop worker; with "
             "reward.reward_model.enable=true the scores come from verl's reward-loop actors: set it to false"
         )
+    _check_reward_workers(config, switches["reward_in_agent_loop"])
     for key, check in (("tau_p", check_tau_p), ("q", check_entropy_quantile)):
         values = OmegaConf.select(config, f"stapo.ablation.{key}", default=[]) or []
         if isinstance(values, str) or not hasattr(values, "__iter__"):
@@ -382,6 +383,24 @@ def _check_recipe_keys(config) -> None:
         seed = stapo.get("synthetic_seed", 0)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise STAPOConfigError(f"stapo.synthetic_seed must be an integer, got {seed!r}")
+
+
+def _check_reward_workers(config, reward_in_agent_loop: bool) -> None:
+    """``reward.num_workers``: verl's reward-loop actors. Zero only where nothing calls them: the recipe's agent-loop
+    worker (``shared_agent_loops``) scores in its own process (``stapo.reward_in_agent_loop``) and no reward model
+    asks for them (refused above). Otherwise verl's agent loop would pick a scorer from an empty list on the first
+    sample, minutes after Ray started."""
+    from stapo.verl_plugin.training.shared_agent_loops import MANAGER_PATH
+
+    workers = OmegaConf.select(config, "reward.num_workers", default=1)
+    manager = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", default=None)
+    scores_itself = reward_in_agent_loop and manager == MANAGER_PATH
+    least = 0 if scores_itself else 1
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < least:
+        why = "" if scores_itself else (
+            " (0 only with stapo.reward_in_agent_loop=true and the recipe's agent-loop manager, "
+            f"actor_rollout_ref.rollout.agent.agent_loop_manager_class={MANAGER_PATH})")
+        raise STAPOConfigError(f"reward.num_workers must be an integer >= {least}, got {workers!r}{why}")
 
 
 def _check_val_decodings(config) -> None:
