@@ -33,6 +33,7 @@ SHARED_RUNS = "shared-runs"
 # the modules whose tests read a shared run: they run on one worker, so each run starts once
 SHARED_RUN_MODULES = frozenset({
     "tests/bench/test_algos_train.py",
+    "tests/demo/test_train_command.py",
     "tests/e2e/test_custom_rule_runs.py",
     "tests/e2e/test_paired.py",
     "tests/e2e/test_reproducible.py",

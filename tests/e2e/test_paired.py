@@ -17,7 +17,6 @@ import json
 import pytest
 
 from tests.e2e.cpu_runs import Run
-from tests.e2e.shared_runs import launch
 from tests.e2e.test_reproducible import rollouts_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
@@ -39,7 +38,7 @@ def algorithm_metrics(run: Run) -> dict[int, dict[str, float]]:
     return compared(run.steps)
 
 
-def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
+def test_stapo_that_silences_nothing_is_grpo(grpo_run, silent_stapo_train_run):
     """algo=stapo with a tau_p no token is below, and grpo's clip and KL, equals algo=grpo exactly: every
     metric at every step and verl's rollout dump of every step (prompts, responses, scores).
 
@@ -48,6 +47,10 @@ def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
     This is also the suite's proof that two launches of one configuration give the same numbers: two
     processes that differ in a mask which removes nothing agree bit for bit (the same config launched
     twice used to be a run of its own in tests/e2e/test_reproducible.py).
+
+    The STAPO run is the shared ``silent_stapo_train_run``, started as a user starts it, through `stapo train` in
+    a folder of its own (tests/demo/test_train_command.py reads its console): the command composes, checks and
+    passes on the same overrides, and its run writes the same numbers as the recipe's entry run directly.
 
     The STAPO run also validates after step 1, at verl's val_kwargs and at the paper's second decoding
     (``stapo.val_decodings=[T0.7]``), which the GRPO run does not: the validation passes change no training
@@ -61,28 +64,22 @@ def test_stapo_that_silences_nothing_is_grpo(grpo_run, tmp_path):
     stapo.one_server_direct): the same rollouts and rewards, bit for bit."""
     assert grpo_run.overrides[:3] == ["algo=grpo", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
     grpo = grpo_run.run
-    silent = [
-        "algo=stapo",
-        f"trainer.total_training_steps={STEPS}",
-        "trainer.save_freq=-1",
-        "actor_rollout_ref.actor.policy_loss.tau_p=1e-30",
-        "actor_rollout_ref.actor.clip_ratio_high=0.2",
-        "actor_rollout_ref.actor.use_kl_loss=true",
-        "actor_rollout_ref.actor.kl_loss_coef=0.001",
-        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        "trainer.test_freq=1",
-        "stapo.val_decodings=[T0.7]",
-        f"trainer.validation_data_dir={tmp_path / 'val'}",
-        "actor_rollout_ref.rollout.agent.agent_loop_manager_class=null",
-    ]
-    stapo_run = launch(tmp_path / "stapo", silent, rollouts=True)
+    stapo_run = silent_stapo_train_run
+    assert stapo_run.overrides[1:4] == ["algo=stapo", f"trainer.total_training_steps={STEPS}", "trainer.save_freq=-1"]
+    for setting in ("actor_rollout_ref.actor.policy_loss.tau_p=1e-30", "actor_rollout_ref.actor.clip_ratio_high=0.2",
+                    "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+                    "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "trainer.test_freq=1",
+                    "stapo.val_decodings=[T0.7]", "actor_rollout_ref.rollout.agent.agent_loop_manager_class=null",
+                    "reward.num_workers=1"):  # verl's reward-loop actor, which the CPU presets leave out
+        assert setting in stapo_run.overrides, setting
     stapo = stapo_run.run
     validated = {step: {k for k in stapo.steps[step] if k.startswith("val")} for step in stapo.steps}
     for step in (1, 2):
         assert "val/average/acc" in validated[step] and "val@T0.7/average/acc" in validated[step], sorted(validated)
         assert {k for k in validated[step] if "@T0.7" not in k} == {
             k.replace("@T0.7", "", 1) for k in validated[step] if "@T0.7" in k}
-    first, second = validation_dump(tmp_path / "val", 1), validation_dump(tmp_path / "val" / "T0.7", 1)
+    first = validation_dump(stapo_run.validations, 1)
+    second = validation_dump(stapo_run.validations / "T0.7", 1)
     assert [prompt for prompt, _ in first] == [prompt for prompt, _ in second] and len(first) == 32
     assert sum(a != b for (_, a), (_, b) in zip(first, second)) > 0
     assert all(stapo.steps[s]["actor/stapo/num_candidates"] == 0 for s in stapo.steps)
