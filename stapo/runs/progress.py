@@ -19,7 +19,9 @@ from stapo.runs.summary import DECODING_ACC
 
 _STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 STEP_TIME, VAL_TIME = "timing_s/step", "timing_s/testing"
-_METRIC = re.compile(r"(\S+):(-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)")
+# one ``key:value`` of the line; verl's console prints some numpy scalars by their repr (``np.float64(-0.25)``,
+# ``np.int64(2)``: validation means, num_turns, off-policy spans), which are numbers like the others
+_METRIC = re.compile(r"(\S+):(?:np\.\w+\()?(-?(?:[0-9.]+(?:e[-+]?\d+)?|nan|inf))\)?")
 
 
 def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
@@ -27,7 +29,8 @@ def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
     match = _STEP_LINE.search(line)
     if not match:
         return None
-    return int(match.group(1)), {k: float(v) for k, v in _METRIC.findall(match.group(2))}
+    items = (_METRIC.fullmatch(item.strip()) for item in match.group(2).split(" - "))
+    return int(match.group(1)), {found.group(1): float(found.group(2)) for found in items if found}
 
 
 def parse_steps(log: str) -> dict[int, dict[str, float]]:

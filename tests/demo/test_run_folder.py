@@ -105,6 +105,14 @@ def test_console_lines_parse_and_progress_has_eta():
         "timing_s/step": 10.0,
     }
     assert parse_step_line("no metrics here") is None
+    # numpy scalars as verl's console prints them, signs, exponents and non-finite values; a value that is no
+    # number is left out, not guessed
+    numpy_line = ("step:2 - val-core/x/acc/mean@1:np.float64(-0.3125) - num_turns/min:np.int32(2) - a:-inf - b:nan - "
+            "c:1.5e-07 - d:np.float64(nan) - e:hello - f:1.0 ")
+    got = parse_step_line(numpy_line)[1]
+    assert {k: v for k, v in got.items() if v == v} == {
+        "val-core/x/acc/mean@1": -0.3125, "num_turns/min": 2.0, "a": float("-inf"), "c": 1.5e-07, "f": 1.0}
+    assert sorted(k for k, v in got.items() if v != v) == ["b", "d"]
     assert parse_steps(line + "\nstep:4 - timing_s/step:30.0\n") == {3: metrics, 4: {"timing_s/step": 30.0}}
     progress = Progress(total_steps=10)
     assert "held-out accuracy before training: 0.250" in progress.line(0, {"val/average/acc": 0.25})
