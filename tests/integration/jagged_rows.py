@@ -1,5 +1,5 @@
-"""Random response rows in verl's jagged layout, for tests whose spawned ranks must not import verl's config
-machinery (``verl_batches`` composes Hydra and imports the loss glue): a spawned rank imports this module only."""
+"""Random response rows in verl's jagged layout, for tests whose ranks need no verl config machinery
+(``verl_batches`` composes Hydra and imports the loss glue): the rank functions import this module only."""
 
 from __future__ import annotations
 

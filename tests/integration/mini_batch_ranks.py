@@ -1,6 +1,6 @@
-"""The spawned gloo ranks of tests/integration/test_mini_batch_scope.py. A spawned rank imports the module of the
-function it runs: this one imports what a rank needs (the fold and its settings), not the test module's verl
-worker stack, which made each rank's start-up seconds longer."""
+"""The gloo ranks of tests/integration/test_mini_batch_scope.py. The ranks' forkserver imports the module of the
+function they run (tests/integration/gloo_ranks.py): this one imports what a rank needs (the fold and its
+settings), not the test module's verl worker stack, which would cost the server seconds more to import."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def nested(rows):
 
 
 def fold_on_rank(rank: int, world: int, group, mini_batch_size: int, shuffle: bool) -> dict:
-    """One rank's shard folded per mini-batch for every setting (runs in a spawned gloo rank)."""
+    """One rank's shard folded per mini-batch for every setting (runs in a gloo rank)."""
     batch, shard_rows = batch_rows(), ROWS // world
     start = rank * shard_rows
     out = {}

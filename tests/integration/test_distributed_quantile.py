@@ -36,7 +36,7 @@ def _shard(rank: int):
 
 
 def _on_rank(rank: int, world: int, group) -> dict:
-    """Everything the test compares, on one rank of ``group`` (runs in a spawned gloo rank)."""
+    """Everything the test compares, on one rank of ``group`` (runs in a gloo rank)."""
     log_prob, entropy, advantages, response_mask = _shard(rank)
     detection = detect_spurious(log_prob, entropy, advantages, response_mask, group=group)
     keep, _ = high_entropy_keep(entropy, response_mask, 0.2, group=group)
@@ -62,7 +62,7 @@ WORLDS = (1, 2, 3)
 
 @pytest.fixture(scope="module")
 def on_ranks() -> dict:
-    """Each group size's ranks, from one spawn of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
+    """Each group size's ranks, from one start of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
     return run_cases(_on_rank, {world: (world, ()) for world in WORLDS})
 
 

@@ -149,7 +149,7 @@ RANK_CASES = [(1, 6, True), (2, 12, False), (3, 6, True)]
 
 @pytest.fixture(scope="module")
 def folded() -> dict:
-    """Every case's ranks, from one spawn of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
+    """Every case's ranks, from one start of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
     return run_cases(fold_on_rank, {case: (case[0], case[1:]) for case in RANK_CASES})
 
 

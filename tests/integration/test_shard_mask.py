@@ -87,7 +87,7 @@ def _reference(batch, settings: MaskSettings):
 
 
 def _fold(rank: int, world: int, group, no_candidates_in) -> dict:
-    """One rank's shard folded for every setting (runs in a spawned gloo rank)."""
+    """One rank's shard folded for every setting (runs in a gloo rank)."""
     batch = _whole_batch(no_candidates_in)
     start, end = _bounds(len(batch["response_mask"]), world)[rank]
     out = {}
@@ -110,7 +110,7 @@ CASES = [(1, None), (2, 2), (3, 0), (2, "all")]
 
 @pytest.fixture(scope="module")
 def folded() -> dict:
-    """Every case's ranks, from one spawn of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
+    """Every case's ranks, from one start of 3 gloo ranks (tests/integration/gloo_ranks.py)."""
     return run_cases(_fold, {case: (case[0], (case[1],)) for case in CASES})
 
 

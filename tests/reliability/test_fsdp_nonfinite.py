@@ -13,15 +13,16 @@ regression into a failure instead of a hang.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.integration.gloo_ranks import free_port
+from tests.integration.gloo_ranks import free_port, start_ranks
 
-# no verl import here: spawned ranks re-import this module and must select the CPU platform first
+# no verl import here: each rank selects the CPU platform before verl picks one (tests/integration/gloo_ranks.py)
 
 WORLD = 2
 HANG_GUARD_S = 240  # a healthy run takes seconds after the imports; a deadlock never ends
@@ -86,15 +87,29 @@ def _full_params(model) -> list[torch.Tensor]:
     return [p.full_tensor().detach().clone() for p in model.parameters()]  # an all-gather: every rank calls it
 
 
+def _select_cpu_platform() -> None:
+    """What ``import verl`` does in a fresh process with STAPO_CPU_BACKEND=1: the plugin switches verl to the CPU
+    platform. The forkserver imported verl without the flag, before this rank set it, so the rank asks the plugin
+    again (``activate_if_requested`` is idempotent), before any module that reads the device at import."""
+    from stapo.verl_plugin.cpu import activate_if_requested
+
+    engine = "verl.workers.engine.fsdp.transformer_impl"  # its module-level device_name is read at import
+    assert engine not in sys.modules, f"{engine} was imported before the rank chose the CPU platform"
+    activate_if_requested()
+    from verl.utils.device import get_device_name
+
+    assert get_device_name() == "cpu", get_device_name()
+
+
 def _worker(rank: int, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), STAPO_CPU_BACKEND="1")
+    _select_cpu_platform()
     import torch.distributed as dist
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         from types import SimpleNamespace
 
-        import verl  # noqa: F401  (loads the plugin, which switches verl to the CPU platform)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
@@ -131,7 +146,7 @@ def _worker(rank: int, port: int, results) -> None:
 
 def _run_with_hang_guard() -> dict:
     results = mp.Manager().dict()
-    context = mp.start_processes(_worker, args=(free_port(), results), nprocs=WORLD, start_method="spawn", join=False)
+    context = start_ranks(_worker, args=(free_port(), results), nprocs=WORLD, join=False)
     deadline = time.monotonic() + HANG_GUARD_S
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
@@ -141,7 +156,7 @@ def _run_with_hang_guard() -> dict:
     return dict(results)
 
 
-@pytest.mark.slow  # two spawned ranks import verl: ~15 s idle, over a minute on a loaded 2-core machine
+@pytest.mark.slow  # ranks import verl's FSDP engine: ~6 s from a running forkserver, ~18 s with its start (load 5)
 def test_nan_on_one_rank_skips_the_step_on_every_rank_without_hanging():
     results = _run_with_hang_guard()
     assert sorted(results) == list(range(WORLD)), results

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from stapo.algorithm.masks import MaskSettings
 from stapo.verl_plugin.training.losses import REFUSED_METRIC
-from tests.integration.gloo_ranks import free_port
+from tests.integration.gloo_ranks import free_port, start_ranks
 from tests.reference import REFERENCES, reference_clipped_token_loss, reference_spurious
 from tests.reliability.test_numerics import NAN, PROMPT, TAU_P, Q, batch
 
@@ -41,7 +41,7 @@ def _worker(rank: int, port: int, config, results) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         from stapo.verl_plugin.training.losses import (
-            STAPOLossFn,  # imports verl: in the spawned rank, not at collection
+            STAPOLossFn,  # imports verl: in the rank (the forkserver's preload), not at collection
         )
         from tests.integration.verl_batches import metric_values, padded_rows, run_micro_batches
 
@@ -65,12 +65,12 @@ def _worker(rank: int, port: int, config, results) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    """One run of both ranks for the tests below (the spawn and the verl imports dominate their cost)."""
+    """One run of both ranks for the tests below (forked from tests/integration/gloo_ranks.py's forkserver)."""
     from tests.integration.verl_batches import actor_config
 
     config = actor_config(token_mask="stapo", source="current")  # composed once, here, not in every rank
     results = mp.Manager().dict()
-    mp.start_processes(_worker, args=(free_port(), config, results), nprocs=WORLD, start_method="spawn")
+    start_ranks(_worker, args=(free_port(), config, results), nprocs=WORLD)
     shards = [_shard(rank) for rank in range(WORLD)]
     old, new, entropy, advantages, mask = (torch.cat([s[k] for s in shards]) for k in range(5))
     entropy = entropy.float().double()  # verl hands the model's entropy over as float32
@@ -80,7 +80,7 @@ def two_ranks():
     return [results[rank] for rank in range(WORLD)], (old, new, entropy, advantages, mask), want
 
 
-@pytest.mark.slow  # two spawned ranks import verl: ~10 s on an idle 2-core machine, ~80 s under a load of 10
+@pytest.mark.slow  # starts processes: ~3 s from a running forkserver, ~10 s with its start (2 cores, load 5)
 def test_rank_without_candidates_agrees_and_the_average_is_the_union_mean(two_ranks):
     got, (old, new, entropy, advantages, mask), want = two_ranks
     spurious, tau_h = reference_spurious(new.tolist(), entropy.tolist(), advantages.tolist(), mask.tolist(), TAU_P, Q)

@@ -1,7 +1,7 @@
 """The example rule files on real gloo ranks, folded as the actor workers fold them (``shard_mask.fold_shard``):
 each rank's folded masks, weights and metrics equal the built-in S2T's and TACO's bit for bit, the quantile
 helper taking its threshold over every rank, over the step's batch and per PPO mini-batch (docs/algorithm.md
-sections 4 and 10). One spawn of 3 ranks runs 1, 2 and 3 (tests/integration/gloo_ranks.py)."""
+sections 4 and 10). One start of 3 ranks runs 1, 2 and 3 (tests/integration/gloo_ranks.py)."""
 
 from __future__ import annotations
 
