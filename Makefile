@@ -48,18 +48,22 @@ test-fast: setup lint-tools
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) tests -m "not e2e and not slow"
 
 # The GPU image's transformers (requirements/image-versions.txt) over the CPU stack, in a folder of its own put first
-# on PYTHONPATH: the fast tests that load models, build batches or check configs, and one trainer run (two FSDP ranks;
-# Ray's workers inherit the path). torch 2.11 and vLLM 0.24 stay the image's alone (the file says why). `make test`
-# runs it after the suite: 200 s on a 2-core AMD EPYC (the fast part at -n 2, then the trainer run, 78 s).
+# on PYTHONPATH: the fast tests whose code reaches transformers, and one trainer run (two FSDP ranks; Ray's workers
+# inherit the path). torch 2.11 and vLLM 0.24 stay the image's alone (the file says why). `make test` runs it after
+# the suite: 123 s on the 2-core Intel Xeon, idle (the fast part at -n 2, 285 tests in 57 s, then the trainer run, 63 s;
+# the fast part was 1076 tests in 103 s while it ran all of tests/unit).
 IMAGE_OVERLAY := .venv-image
-# the tests where transformers does the work (models built and loaded, verl's forward on the padding-free and padded
-# paths, the loss through verl's engine, the recipe's composition): the whole of tests/unit and
-# tests/integration under it take about 5 min more on 2 cores (IMAGE_FAST_TESTS="tests/unit tests/integration").
-# tests/unit stays whole: its modules are about 50 s of worker time in all (benchmarks/suite_runs/), while the
-# composition test (verl's model config reads the model's config through transformers) and the trainer run are most
-# of the step; a pure-torch module left out would save seconds and miss a new module that loads a model.
-IMAGE_FAST_TESTS ?= tests/unit tests/integration/test_padding_free_parity.py tests/integration/test_verl_loss_path.py \
-	tests/integration/test_agg_modes.py tests/e2e/test_compose.py
+# Why not all the fast tests: a test that never calls into transformers does the same under either version, so its
+# second run checks nothing new. What runs: the `run` lines of tests/image_modules.txt, the modules whose tests call
+# transformers at run time (tiny models and tokenizers built and loaded, HF's logits warpers, verl's forward), as a
+# tracer measured them, and the modules named by hand (tests/image_modules.py, PINNED).
+# Why none is missed: every module of tests/unit has a line, `run` or `skip`, with its reason, and
+# tests/unit/test_image_modules.py fails on a module without one, or on a skipped module that comes to import a
+# path to transformers (a model, a composition, verl) it did not when traced. Adding a module (any folder):
+# `.venv/bin/python -m tests.image_modules tests/x/test_new.py` (after `make .venv-image/.installed`) traces it and
+# writes its line. The step as it was (all of tests/unit): IMAGE_FAST_TESTS="tests/unit ..." on make's command line.
+IMAGE_MODULES := tests/image_modules.txt
+IMAGE_FAST_TESTS ?= $(shell awk '$$1 == "run" {print $$2}' $(IMAGE_MODULES))
 IMAGE_TRAINER_TEST ?= tests/e2e/test_trainer_cpu.py::test_stapo_with_two_fsdp_ranks_over_gloo
 $(IMAGE_OVERLAY)/.installed: requirements/image-versions.txt $(STAMP)
 	rm -rf $(IMAGE_OVERLAY)
