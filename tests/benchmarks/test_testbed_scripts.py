@@ -238,8 +238,16 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     assert (f"at bdba859 on the same machine: pytest {now['wall_s']:,.0f} s ({now['wall_s'] / 60:.1f} min, "
             f"{now['tests'] - now['skipped']} passed, {now['skipped']} skipped), {now['worker_s']:,.0f} s of worker "
             f"time against {after['worker_s']:,.0f} s") in readme
+    fewer = read_json(REPO / "benchmarks" / "suite_runs" / "2026-12-02-fewer-processes.json")
+    before, loaded, latest = fewer["before-617335c"], fewer["loaded-3ddfbc1"], fewer["after-c12d223"]
+    assert before["failures"] == loaded["failures"] == latest["failures"] == 0
+    assert (f"pytest {latest['wall_s']:,.0f} s ({latest['wall_s'] / 60:.1f} min; {latest['tests'] - latest['skipped']} "
+            f"passed, {latest['skipped']} skipped), {latest['worker_s']:,.0f} s of worker time against "
+            f"{before['worker_s']:,.0f} s in the third run above at 617335c (pytest {before['wall_s']:,.0f} s)"
+            ) in readme
+    assert f"running beside it, {loaded['wall_s']:,.0f} s, not a before figure" in readme
     current = " ".join(BENCHMARKS.read_text().split())
-    assert f"| `make test` | pytest {now['wall_s'] / 60:.1f} min |" in current
+    assert f"| `make test` | pytest {latest['wall_s'] / 60:.1f} min |" in current
 
 
 def test_startup_before_tree_runs_that_checkout_s_code_and_the_after_side_this_one(tmp_path, monkeypatch):
