@@ -24,6 +24,10 @@ from typing import Any
 from omegaconf import OmegaConf
 
 SETTING = "stapo.reward_in_agent_loop"
+# the agent-loop manager whose workers call ``reward_handles`` (stapo/verl_plugin/training/shared_agent_loops.py), the
+# only one that scores in its worker; its path is here so that the run checks read it without importing verl's agent
+# loops (seconds of imports on every `stapo check`)
+SCORING_MANAGER_PATH = "stapo.verl_plugin.training.shared_agent_loops.SharedLoopManager"
 
 
 def reward_handles(config, actor_handles: list | None) -> list | None:

@@ -390,7 +390,7 @@ def _check_reward_workers(config, reward_in_agent_loop: bool) -> None:
     worker (``shared_agent_loops``) scores in its own process (``stapo.reward_in_agent_loop``) and no reward model
     asks for them (refused above). Otherwise verl's agent loop would pick a scorer from an empty list on the first
     sample, minutes after Ray started."""
-    from stapo.verl_plugin.training.shared_agent_loops import MANAGER_PATH
+    from stapo.verl_plugin.opt_in.local_reward import SCORING_MANAGER_PATH as MANAGER_PATH
 
     workers = OmegaConf.select(config, "reward.num_workers", default=1)
     manager = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class", default=None)

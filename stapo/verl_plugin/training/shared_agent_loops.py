@@ -30,7 +30,7 @@ from stapo.verl_plugin.reproducible.seeding import AGENT_LOOP_NAME
 
 # agent loops whose instance holds nothing of a request: one instance serves a worker's requests
 SHAREABLE_LOOPS = frozenset({AGENT_LOOP_NAME, "single_turn_agent"})
-MANAGER_PATH = "stapo.verl_plugin.training.shared_agent_loops.SharedLoopManager"
+MANAGER_PATH = local_reward.SCORING_MANAGER_PATH
 
 
 class SharedLoopWorker(AgentLoopWorkerTQ.__ray_actor_class__):
