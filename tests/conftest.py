@@ -8,6 +8,7 @@ the tests and every process they start.
 
 import os
 import sys
+import time
 from pathlib import Path
 
 _BIN = str(Path(sys.executable).parent)
@@ -82,6 +83,7 @@ def _user_registrations_do_not_leak():
 # workers' reports reach the controller's hook too, so the sums are the whole run's worker time.
 SLOWEST_MODULES = 15
 _module_seconds: dict[str, float] = {}
+_session_started = time.monotonic()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -97,3 +99,16 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for module, seconds in ranked[:SLOWEST_MODULES]:
         terminalreporter.write_line(f"{seconds:9.1f} s  {module}")
     terminalreporter.write_line(f"{sum(_module_seconds.values()):9.1f} s  all {len(ranked)} modules (worker time)")
+    terminalreporter.write_line(machine_line(time.monotonic() - _session_started))
+
+
+def machine_line(wall_s: float) -> str:
+    """Where the figures above were taken: a timing without its machine compares with nothing (CI's machines
+    differ in kind and speed, docs/testing.md). The model name is lscpu's, read from /proc/cpuinfo."""
+    from stapo.machine_kind import machine_kind
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 0
+    return f"{wall_s:9.1f} s  wall, on {machine_kind()}, {cpus} CPUs, load average {os.getloadavg()[0]:.1f}"
