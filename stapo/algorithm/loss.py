@@ -27,6 +27,10 @@ PER_SEQUENCE_COUNT_MODES = ("seq-mean-token-mean",)
 # seq-mean-token-mean; gspo, geo_mean and gmpo take a per-response mean of the token log-ratios)
 SEQUENCE_LEVEL_LOSSES = ("gspo", "sapo", "geo_mean", "gmpo")
 MASKED_CLIP = "masked_clip"  # stapo.verl_plugin.training.losses.LOSS_NAME, without importing verl here
+DCPO = "dcpo"  # stapo.verl_plugin.training.losses.DCPO_LOSS_NAME, likewise
+# the losses that hand ``agg_loss`` the count (``_kept_loss`` in stapo/verl_plugin/training/losses.py): exact with a
+# rule under every mode, seq-mean-token-mean included (tests/integration/test_agg_modes.py)
+COUNT_MASK_LOSSES = (MASKED_CLIP, DCPO)
 
 
 def check_aggregation(
@@ -36,11 +40,11 @@ def check_aggregation(
 
     ``rule`` names the setting that keeps some tokens in the count but out of the sum (Lopti's phases,
     20-Entropy's ``entropy_denominator: all``), None when the sum and the count are one mask (every mode is
-    exact then). ``masked_clip`` hands ``agg_loss`` the count: exact under every mode. Refused: a
-    sequence-level loss (its per-response mean runs over the summed tokens only); under
+    exact then). ``masked_clip`` and ``dcpo`` (COUNT_MASK_LOSSES) hand ``agg_loss`` the count: exact under every
+    mode. Refused: a sequence-level loss (its per-response mean runs over the summed tokens only); under
     ``seq-mean-token-mean``, another loss (verl's losses count each sequence over ``response_mask``) and, with
-    ``regularised`` (a KL loss or an entropy bonus), ``masked_clip`` too: verl adds those terms averaged
-    over each sequence's summed tokens."""
+    ``regularised`` (a KL loss or an entropy bonus), ``masked_clip`` and ``dcpo`` too: verl adds those terms
+    averaged over each sequence's summed tokens."""
     if rule is None:
         return
     rule = prefix + rule
@@ -50,14 +54,16 @@ def check_aggregation(
             f"{loss_mode} averages each response over the tokens it sums, so the tokens counted but not summed "
             "would not be counted"
         )
-    if loss_agg_mode in PER_SEQUENCE_COUNT_MODES and (loss_mode != MASKED_CLIP or regularised):
+    hands_count = loss_mode in COUNT_MASK_LOSSES
+    if loss_agg_mode in PER_SEQUENCE_COUNT_MODES and (not hands_count or regularised):
         allowed = [mode for mode in LOSS_AGG_MODES if mode not in PER_SEQUENCE_COUNT_MODES]
-        why = (
-            f"verl's {loss_mode} loss" if loss_mode != MASKED_CLIP else "verl's KL loss and entropy bonus (on here)"
+        why = "verl's KL loss and entropy bonus (on here)" if hands_count else f"verl's {loss_mode} loss"
+        other = "" if hands_count else (
+            f"; or set {prefix}policy_loss.loss_mode to one of {list(COUNT_MASK_LOSSES)}, which hand verl the count"
         )
         raise STAPOConfigError(
             f"{prefix}loss_agg_mode={loss_agg_mode} with {rule} must be one of {allowed}: {why} would divide "
-            "each sequence by the tokens it sums, not by those it counts (another objective)"
+            f"each sequence by the tokens it sums, not by those it counts (another objective){other}"
         )
 
 

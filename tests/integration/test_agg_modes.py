@@ -4,9 +4,10 @@ Lopti's phases (the other phase's tokens) and 20-Entropy's ``entropy_denominator
 leave ``loss_mask`` (the count) wider than ``response_mask`` (the sum). The authors' formulation zeroes the other
 tokens' advantages and keeps the count whole, in every mode as that mode defines it (docs/algorithm.md section 3).
 Each mode is checked through verl's own loss path (``STAPOLossFn`` -> ``ppo_loss`` -> the registered
-``masked_clip`` -> verl's ``agg_loss``) against a float64 loop written per mode from that definition, on fresh
-random inputs with a response without a token of a phase, an empty response and micro-batches holding no token
-of a phase. The pairs that cannot be exact are refused before Ray (``validate_run_config``), in one line.
+``masked_clip`` or ``dcpo``, the losses that hand the count to verl's ``agg_loss``) against a float64 loop written
+per mode from that definition (DCPO's per-token bounds from tests/unit/test_dcpo.py's loop), on fresh random inputs
+with a response without a token of a phase, an empty response and micro-batches holding no token of a phase. The
+pairs that cannot be exact are refused before Ray (``validate_run_config``), in one line.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ import math
 
 import pytest
 import torch
-from verl.trainer.ppo.core_algos import agg_loss
+from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, agg_loss
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 
 from stapo.algorithm.lopti import PHASES, low_probability, phase_masks
-from stapo.algorithm.loss import LOSS_AGG_MODES, check_aggregation
+from stapo.algorithm.loss import COUNT_MASK_LOSSES, LOSS_AGG_MODES, check_aggregation
 from stapo.algorithm.masks import MaskSettings
 from stapo.algorithm.validation import STAPOConfigError
 from stapo.verl_plugin.preflight.run_checks import LOSS_AGG_MODES as CHECKED_MODES
 from stapo.verl_plugin.preflight.run_checks import validate_run_config
-from stapo.verl_plugin.training.losses import STAPOLossFn, folded_mask_update
+from stapo.verl_plugin.training.losses import DCPO_LOSS_NAME, LOSS_NAME, STAPOLossFn, folded_mask_update
 from tests.integration.verl_batches import (
     compose_verl,
     fold_as_trainer,
@@ -37,12 +38,27 @@ from tests.integration.verl_batches import (
 )
 from tests.recipe_config import recipe_config
 from tests.reference import reference_clipped_token_grad, reference_clipped_token_loss
+from tests.unit import test_dcpo
 
 ACTOR = "actor_rollout_ref.actor"
 PL = f"{ACTOR}.policy_loss"
 ETA = 0.5
 SCALE = 7.0  # loss_scale_factor of seq-mean-token-sum-norm (as Dr. GRPO pins it)
 CLIP = (0.2, 0.28, 10.0)  # stapo_overrides' eps_low, eps_high, dual-clip c
+# the losses whose exactness the loops below check under every mode: the ones check_aggregation lets through
+# under seq-mean-token-mean with a rule (test_the_exact_losses_are_the_allowed_ones ties the two together)
+EXACT_LOSSES = ("masked_clip", "dcpo")
+
+
+def clipped_token(o: float, p: float, a: float) -> tuple[float, float]:
+    """``masked_clip``'s token: PPO's clip-higher and dual clip (tests/reference.py), loss and d / d log_prob."""
+    return reference_clipped_token_loss(o, p, a, *CLIP), reference_clipped_token_grad(o, p, a, *CLIP)
+
+
+# one token's (loss, d loss / d log_prob) in float64 for each loss; DCPO's loop bounds each ratio from the old
+# probability (docs/algorithm.md section 7), with the same constants as stapo_overrides'
+TOKEN_LOOPS = {"masked_clip": clipped_token, "dcpo": test_dcpo.loop_token}
+assert (test_dcpo.EPS_LOW, test_dcpo.EPS_HIGH, test_dcpo.C) == CLIP
 
 
 @functools.cache
@@ -87,14 +103,15 @@ def rows_of(tensors, lengths, summed, counted):
     return {key: [value[i, :n] for i, n in enumerate(lengths)] for key, value in rows.items()}
 
 
-def reference(tensors, lengths, summed, counted, mode: str):
-    """The authors' formulation by loops in float64: every counted token's clipped loss, with the advantage of a
-    token counted but not summed set to 0; then ``mode`` as written below, over the mini-batch's B responses.
+def reference(tensors, lengths, summed, counted, mode: str, loss_mode: str = "masked_clip"):
+    """The authors' formulation by loops in float64: every counted token's loss (``loss_mode``'s, TOKEN_LOOPS), with
+    the advantage of a token counted but not summed set to 0; then ``mode`` as written below, over the mini-batch's
+    B responses.
 
     token-mean: sum / (tokens counted in the mini-batch); token-sum: sum; seq-mean-token-sum: sum over each
     response, mean over the B responses; -norm: that / SCALE; seq-mean-token-mean: each response's sum over its
     own counted tokens (0 without any), mean over the B responses. Returns (loss, d loss / d log_prob rows)."""
-    eps_low, eps_high, c = CLIP
+    token = TOKEN_LOOPS[loss_mode]
     batch = len(lengths)
     n_all = sum(bool(counted[i, t]) for i in range(batch) for t in range(lengths[i]))
     loss, grads = 0.0, []
@@ -104,8 +121,8 @@ def reference(tensors, lengths, summed, counted, mode: str):
         for t in cells:
             o, p = float(tensors["old_log_prob"][i, t]), float(tensors["log_prob"][i, t])
             a = float(tensors["advantages"][i, t]) if summed[i, t] else 0.0
-            row_sum += reference_clipped_token_loss(o, p, a, eps_low, eps_high, c)
-            row_grad[t] = reference_clipped_token_grad(o, p, a, eps_low, eps_high, c)
+            value, row_grad[t] = token(o, p, a)
+            row_sum += value
         if mode == "token-mean":
             factor = 1.0 / n_all
         elif mode == "token-sum":
@@ -144,41 +161,56 @@ def test_the_modes_are_verls():
         agg_loss(torch.ones(2, 3), torch.ones(2, 3), "seq-sum")
 
 
+def assert_the_loops_tell_the_losses_apart(tensors, lengths, summed, counted, mode: str, loss_mode: str):
+    """The batch tells the losses apart: DCPO's bounds bind where PPO's do not, so a dcpo case checked against
+    masked_clip's loop (or the reverse) would fail."""
+    other = next(name for name in EXACT_LOSSES if name != loss_mode)
+    own, _ = reference(tensors, lengths, summed, counted, mode, loss_mode)
+    assert own != pytest.approx(reference(tensors, lengths, summed, counted, mode, other)[0], rel=1e-6)
+
+
+@pytest.mark.parametrize("loss_mode", EXACT_LOSSES)
 @pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("splits", [[10], [3, 4, 3], [1] * 10])
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_lopti_phases_are_the_authors_formulation_under_every_mode(mode, splits, seed):
+def test_lopti_phases_are_the_authors_formulation_under_every_mode(mode, splits, seed, loss_mode):
+    """Each phase's update (the other phase counted, not summed) through ``masked_clip`` or ``dcpo``; Lopti with
+    ``dcpo`` is refused before Ray by the pre-flight's Lopti check, but the loss itself is exact."""
     tensors, lengths, prompt_lens = random_batch(seed)
     mask = tensors["response_mask"]
     low = low_probability(tensors["old_log_prob"], ETA)
     phases = dict(zip(PHASES, phase_masks(mask, low)))
     assert not (phases["low"][0].any() or phases["high"][1].any())  # rows without a token of one phase
-    fn = loss_fn(mode, lopti=True)
+    fn = loss_fn(mode, lopti=True, loss_mode=loss_mode)
     totals = {}
     for phase, summed in phases.items():
         total, grads, _ = through_verl(fn, tensors, lengths, prompt_lens, summed, mask, splits)
-        assert_matches((total, grads), reference(tensors, lengths, summed, mask, mode))
+        assert_matches((total, grads), reference(tensors, lengths, summed, mask, mode, loss_mode))
         totals[phase] = total
+    assert_the_loops_tell_the_losses_apart(tensors, lengths, phases["low"], mask, mode, loss_mode)
     # at the same parameters the two phases add up to the loss over every token (docs/algorithm.md 7)
-    whole, _ = reference(tensors, lengths, mask, mask, mode)
+    whole, _ = reference(tensors, lengths, mask, mask, mode, loss_mode)
     assert totals["low"] + totals["high"] == pytest.approx(whole, rel=1e-10)
     assert totals["low"] != 0.0 and totals["high"] != 0.0
 
 
+@pytest.mark.parametrize("loss_mode", EXACT_LOSSES)
 @pytest.mark.parametrize("splits", [[10], [4, 6]])
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("name, extra", [("entropy20", {}), ("entropy20", {"entropy_denominator": "kept"}),
                                          ("stapo", {"tau_p": 0.2})])
-def test_folded_masks_are_their_objective_under_every_mode(name, extra, mode, splits):
+def test_folded_masks_are_their_objective_under_every_mode(name, extra, mode, splits, loss_mode):
     """20-Entropy's ``all`` counts every response token in each sequence's count; ``kept`` and STAPO count
-    the tokens they sum."""
+    the tokens they sum; through ``masked_clip`` and ``dcpo`` alike."""
     tensors, lengths, prompt_lens = random_batch(3)
     summed, counted, built = fold_as_trainer(tensors, MaskSettings(token_mask=name, **extra))
+    summed, counted = summed.bool(), counted.bool()
     assert built.drop_response.any()
     assert (not torch.equal(summed, counted)) == (extra == {} and name == "entropy20")
-    fn = loss_fn(mode, token_mask=name, **extra)
-    total, grads, _ = through_verl(fn, tensors, lengths, prompt_lens, summed.bool(), counted.bool(), splits)
-    assert_matches((total, grads), reference(tensors, lengths, summed.bool(), counted.bool(), mode))
+    fn = loss_fn(mode, token_mask=name, loss_mode=loss_mode, **extra)
+    total, grads, _ = through_verl(fn, tensors, lengths, prompt_lens, summed, counted, splits)
+    assert_matches((total, grads), reference(tensors, lengths, summed, counted, mode, loss_mode))
+    assert_the_loops_tell_the_losses_apart(tensors, lengths, summed, counted, mode, loss_mode)
 
 
 def test_the_phase_count_alone_is_another_objective():
@@ -226,11 +258,13 @@ RULES = {
 def test_which_pairs_are_refused(mode):
     per_sequence = mode == "seq-mean-token-mean"
     for rule in (None, *RULES.values()):
-        check_aggregation(rule, "masked_clip", mode, regularised=False)  # exact: the loss is handed the count
+        for loss_mode in EXACT_LOSSES:
+            check_aggregation(rule, loss_mode, mode, regularised=False)  # exact: the loss is handed the count
         for loss_mode in ("vanilla", "cispo"):
             if rule is not None and per_sequence:
-                with pytest.raises(STAPOConfigError, match=r"^actor_rollout_ref\.actor\.loss_agg_mode="):
+                with pytest.raises(STAPOConfigError, match=r"^actor_rollout_ref\.actor\.loss_agg_mode=") as error:
                     check_aggregation(rule, loss_mode, mode, regularised=False)
+                assert str(error.value).endswith(f"loss_mode to one of {list(EXACT_LOSSES)}, which hand verl the count")
             else:
                 check_aggregation(rule, loss_mode, mode, regularised=False)
         if rule is None:
@@ -238,19 +272,41 @@ def test_which_pairs_are_refused(mode):
             continue
         with pytest.raises(STAPOConfigError, match=r"policy_loss\.loss_mode=gspo with "):
             check_aggregation(rule, "gspo", mode, regularised=False)
-        if per_sequence:
-            with pytest.raises(STAPOConfigError, match="KL loss and entropy bonus"):
-                check_aggregation(rule, "masked_clip", mode, regularised=True)
-        else:
-            check_aggregation(rule, "masked_clip", mode, regularised=True)
+        for loss_mode in EXACT_LOSSES:
+            if per_sequence:
+                with pytest.raises(STAPOConfigError, match=r"KL loss and entropy bonus \(on here\) would divide"):
+                    check_aggregation(rule, loss_mode, mode, regularised=True)
+            else:
+                check_aggregation(rule, loss_mode, mode, regularised=True)
     assert MaskSettings(token_mask="entropy20", entropy_denominator="kept").count_only_rule is None
     assert MaskSettings(token_mask="stapo").count_only_rule is None
+
+
+def test_the_exact_losses_are_the_allowed_ones():
+    """The losses let through under seq-mean-token-mean with a rule are exactly those whose loops above run
+    (EXACT_LOSSES): dropping ``dcpo`` from the loops, or allowing a loss no loop checks, fails here. Every loss in
+    verl's registry (the project's registered too) is tried."""
+    assert COUNT_MASK_LOSSES == EXACT_LOSSES == (LOSS_NAME, DCPO_LOSS_NAME)
+    assert set(EXACT_LOSSES) <= set(POLICY_LOSS_REGISTRY) and set(TOKEN_LOOPS) == set(EXACT_LOSSES)
+    for rule in RULES.values():
+        allowed = set()
+        for loss_mode in POLICY_LOSS_REGISTRY:
+            try:
+                check_aggregation(rule, loss_mode, "seq-mean-token-mean", regularised=False)
+            except STAPOConfigError:
+                continue
+            allowed.add(loss_mode)
+        assert allowed == set(EXACT_LOSSES), rule
 
 
 @pytest.mark.parametrize(
     "overrides, refused",
     [
         (["algo=lopti", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean"], False),
+        (["algo=entropy20", f"{PL}.loss_mode=dcpo", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean"], False),
+        (["algo=dcpo", f"{PL}.token_mask=entropy20", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean"], False),
+        (["algo=dcpo", f"{PL}.token_mask=entropy20", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean",
+          f"{ACTOR}.use_kl_loss=true"], True),
         (["algo=lopti", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean", f"{ACTOR}.use_kl_loss=true"], True),
         (["algo=entropy20", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean", f"{ACTOR}.entropy_coeff=0.001"], True),
         (["algo=entropy20", f"{PL}.loss_mode=vanilla", f"{ACTOR}.loss_agg_mode=seq-mean-token-mean"], True),
