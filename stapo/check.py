@@ -26,16 +26,24 @@ def quiet_optional_engines() -> None:
 
 
 def compose_run(overrides: list[str]):
-    """The recipe's config for ``overrides``, the hydra node dropped after ``${hydra:...}`` was made resolvable."""
+    """The recipe's config for ``overrides``, the hydra node dropped after ``${hydra:...}`` was made resolvable.
+
+    verl's configs are read from their folder (``stapo.config_dir.searchpath_override``), not through the YAML's
+    ``pkg://verl.trainer.config``, which imports verl: a refused setting or preset is reported before verl's
+    seconds of imports (tests/unit/test_compose_without_verl.py: the same config either way). A user's own
+    ``hydra.searchpath=`` override is kept as given."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from stapo.config_dir import CONFIG_NAME, config_dir
+    from stapo.config_dir import CONFIG_NAME, config_dir, searchpath_override
 
+    searchpath = searchpath_override()
+    users = {item.lstrip("~+").split("=", 1)[0] for item in overrides}
+    own = [searchpath] if searchpath and "hydra.searchpath" not in users else []
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base=None):
-            cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides), return_hydra_config=True)
+            cfg = compose(config_name=CONFIG_NAME, overrides=[*overrides, *own], return_hydra_config=True)
     except Exception as error:  # Hydra's composition and override-grammar errors
         raise STAPOConfigError(explain_composition_error(error, overrides)) from None
     HydraConfig.instance().set_config(cfg)
@@ -51,11 +59,12 @@ def check_run(config, paths: bool = True, launch: bool = False) -> list[str]:
     run starts from here) refuses what ``stapo check`` only notes (a GPU run on a machine without a GPU)."""
     from stapo.input_checks import check_inputs
     from stapo.preset_fit import check_preset_fit
+
+    check_preset_fit(config)  # imports no verl: stapo.verl_plugin's modules are imported after it
     from stapo.verl_plugin.preflight.checkpoint_identity import check_checkpoint_identity
     from stapo.verl_plugin.preflight.cluster_shape import check_cluster_shape
     from stapo.verl_plugin.preflight.run_checks import validate_run_config
 
-    check_preset_fit(config)
     validate_run_config(config)
     shape = check_cluster_shape(config, here=paths, launch=launch)
     shape += [note for note in [check_checkpoint_identity(config) if paths else None] if note]

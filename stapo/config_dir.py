@@ -8,6 +8,7 @@ recipes). A wheel ships them as the package ``stapo.conf`` (``setup.py`` maps it
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -44,3 +45,39 @@ def config_dir() -> str:
         f"{CONFIG_NAME}.yaml is neither in {package / 'conf'} (installed package) nor in "
         f"{package.parent / 'conf'} (checkout): reinstall the project (pip install .)"
     )
+
+
+# characters a folder's path may not hold to be given to Hydra as a quoted override value (a quote, an escape,
+# an interpolation): such a folder keeps its pkg:// entry
+UNQUOTABLE = ("'", "\\", "$")
+
+
+def file_searchpath(entry: str) -> str:
+    """``pkg://verl.trainer.config`` as ``file://<that folder>``, found without executing ``verl/__init__.py``:
+    ``find_spec`` of a top-level name only locates the package, whereas Hydra's ``pkg://`` source imports it (verl's
+    ``__init__`` imports torch, tensordict and torch._dynamo: seconds before a one-line refusal). The same YAML files
+    either way; ``entry`` itself when it is not ``pkg://``, or the package is not a folder on disk (a zip)."""
+    if not entry.startswith("pkg://"):
+        return entry
+    top, *rest = entry.removeprefix("pkg://").split(".")
+    spec = importlib.util.find_spec(top)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        folder = Path(location, *rest)
+        if folder.is_dir() and not any(char in str(folder) for char in UNQUOTABLE):
+            return f"file://{folder}"
+    return entry
+
+
+def searchpath_override() -> str | None:
+    """A Hydra override giving ``stapo_trainer.yaml``'s own ``hydra.searchpath`` with each ``pkg://`` entry as its
+    folder (:func:`file_searchpath`): composing then imports no package of the search path. None when no entry
+    changes or one cannot be quoted (Hydra then reads the YAML's list). The YAML keeps ``pkg://`` (``hydra.main``
+    and other users of the file compose as before)."""
+    from omegaconf import OmegaConf
+
+    primary = OmegaConf.load(Path(config_dir()) / f"{CONFIG_NAME}.yaml")
+    entries = [str(entry) for entry in OmegaConf.select(primary, "hydra.searchpath", default=None) or []]
+    folders = [file_searchpath(entry) for entry in entries]
+    if folders == entries or any(char in entry for entry in folders for char in UNQUOTABLE):
+        return None
+    return "hydra.searchpath=[" + ",".join(f"'{entry}'" for entry in folders) + "]"

@@ -108,9 +108,11 @@ HF_ROLLOUT, HIDE_VLLM_FLAG = "stapo_hf", "STAPO_HIDE_VLLM"
 
 def hide_vllm_if_unused(config: DictConfig) -> None:
     """A run on the project's HF server never calls vLLM: the driver imports it as if absent, as its workers do
-    (an environment that says ``STAPO_HIDE_VLLM=0`` keeps it). Composing the config imported verl already
-    (Hydra's ``pkg://verl.trainer.config`` search path), so the plugin read the flag before it was set here:
-    it is applied again, before verl's trainer modules (which import vLLM) load."""
+    (an environment that says ``STAPO_HIDE_VLLM=0`` keeps it). In ``main`` the config was composed without verl
+    (``stapo.check.compose_run`` reads verl's config folder as files), so verl's first import, just below, runs the
+    plugin with the flag set. Hydra's own composition (``hydra_main``, alone with ``--multirun`` and the like) uses
+    the YAML's ``pkg://verl.trainer.config`` search path, which imports verl: there the plugin read the flag before
+    it was set here, and it is applied again, before verl's trainer modules (which import vLLM) load."""
     if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == HF_ROLLOUT:
         os.environ.setdefault(HIDE_VLLM_FLAG, "1")
         from stapo.verl_plugin.cpu import hide_unused_vllm
@@ -176,14 +178,15 @@ def main() -> None:
                   or args.config_dir)
     if not hydra_only:
         try:
-            config = compose_run(args.overrides)
-            hide_vllm_if_unused(config)
+            config = compose_run(args.overrides)  # imports no verl
             from stapo.preset_fit import check_preset_fit
+
+            # prepare() checks again once the CPU back-end is set; --cfg job|all prints only a config the run takes
+            check_preset_fit(config)  # imports no verl either
+            hide_vllm_if_unused(config)  # before the imports below, the first of verl
             from stapo.verl_plugin.preflight.cluster_shape import check_cluster_shape
             from stapo.verl_plugin.preflight.run_checks import validate_run_config
 
-            # prepare() checks again once the CPU back-end is set; --cfg job|all prints only a config the run takes
-            check_preset_fit(config)
             validate_run_config(config)
             check_cluster_shape(config, here=False)  # this machine's GPUs: in prepare(), when the run starts
         except STAPOConfigError as error:

@@ -47,22 +47,34 @@ RENAMED_LOSS_MODES = ("stapo", "entropy20")  # loss modes of earlier versions, n
 
 
 def validate_run_config(config) -> None:
-    """Checks of a whole run config that must fail before any worker starts."""
+    """Checks of a whole run config that must fail before any worker starts.
+
+    The checks that import none of verl's trainer modules come first, so that a bad setting among theirs is refused
+    before those seconds of imports (``_check_registered``: verl's trainer_base with its engines; the policy-loss
+    keys and the token mask: the plugin's loss config; the batches: verl's ppo utils; the device: verl's rollout
+    registry). None of the checks they now precede refuses a key they read, so a config with one mistake gets the
+    message it got before, but for a length that is not an integer: ``data.max_response_length=abc`` is now the
+    length check's refusal (the batch check raised ValueError on it), as is ``1e9`` with dynamic batching (the batch
+    check's token budget before). Three checks without verl keep their place: ``check_clip_ratios`` and
+    ``_check_geo_mean`` read ``loss_mode`` (a misspelt one is ``_check_registered``'s message; a geo_mean with a
+    weighting mask the token mask's), and ``_check_no_secrets`` is last (a credential under a key another check
+    refuses gets that check's message). tests/unit/test_compose_without_verl.py holds one config for each.
+    """
     actor = config.actor_rollout_ref.actor
     check_custom_files(config)  # first: the registries below must see what the user's files register
-    _check_registered(config)
+    _check_lengths_steps_lr(config)
+    _check_actor_update(config)
+    _check_loggers(config)
+    _check_distillation(config)
+    _check_recipe_keys(config)
+    _check_val_decodings(config)
+    _check_registered(config)  # verl's loss and trainer registries: imports verl's trainer modules
     _check_policy_loss_keys(actor.policy_loss)
     _check_token_mask(config)
     check_clip_ratios(actor)
     check_run_batches(config)
-    _check_lengths_steps_lr(config)
-    _check_actor_update(config)
-    _check_loggers(config)
     _check_device(config)
-    _check_distillation(config)
     _check_geo_mean(config)
-    _check_recipe_keys(config)
-    _check_val_decodings(config)
     _check_no_secrets(config)
 
 
