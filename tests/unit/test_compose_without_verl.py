@@ -142,45 +142,51 @@ def test_composing_in_a_fresh_process_imports_neither_verl_nor_torch_dynamo():
     assert report["folder"].endswith("-tiny") and "${" not in report["folder"], report
 
 
+# one process for the cases below, in their order: the verl-free refusals first, each leaving verl's trainer
+# modules unimported, then the registries' check, which imports them
 REFUSE_IN_A_FRESH_PROCESS = """
 import json, sys
 from stapo.algorithm.validation import STAPOConfigError
-from stapo.check import compose_run, composed_choices, explain_composition_error
+from stapo.check import compose_run
 from stapo.preset_fit import check_preset_fit
-config = compose_run(["model_preset=tiny", sys.argv[1]])
-check_preset_fit(config)
-loaded = "verl" in sys.modules
-from stapo.verl_plugin.preflight.run_checks import validate_run_config
-try:
-    validate_run_config(config)
-    refusal = None
-except STAPOConfigError as error:
-    refusal = str(error)
-print(json.dumps({"verl_before_checks": loaded, "refusal": refusal,
-                  "trainer_modules": "verl.trainer.ppo.v1.trainer_base" in sys.modules}))
+reports = []
+for override in json.loads(sys.argv[1]):
+    config = compose_run(["model_preset=tiny", override])
+    check_preset_fit(config)
+    loaded = "verl" in sys.modules
+    from stapo.verl_plugin.preflight.run_checks import validate_run_config
+    try:
+        validate_run_config(config)
+        refusal = None
+    except STAPOConfigError as error:
+        refusal = str(error)
+    reports.append({"verl_before_checks": loaded, "refusal": refusal,
+                    "trainer_modules": "verl.trainer.ppo.v1.trainer_base" in sys.modules})
+print(json.dumps(reports))
 """
+REFUSALS = [  # (override, the refusal's start, verl's trainer modules imported by then)
+    ("stapo.weight_sync_timeout_s=0", "stapo.weight_sync_timeout_s must be a number of seconds > 0", False),
+    ("trainer.logger=[consol]", "trainer.logger='consol' is not one of verl's loggers", False),
+    ("trainer.total_training_steps=-1", "trainer.total_training_steps must be a positive integer", False),
+    ("actor_rollout_ref.actor.policy_loss.loss_mode=stpo", "actor_rollout_ref.actor.policy_loss.loss_mode must be "
+     "one of", True),
+]
 
 
-@pytest.mark.parametrize(
-    "override, refusal, trainer_modules",
-    [
-        ("stapo.weight_sync_timeout_s=0", "stapo.weight_sync_timeout_s must be a number of seconds > 0", False),
-        ("trainer.logger=[consol]", "trainer.logger='consol' is not one of verl's loggers", False),
-        ("trainer.total_training_steps=-1", "trainer.total_training_steps must be a positive integer", False),
-        ("actor_rollout_ref.actor.policy_loss.loss_mode=stpo", "actor_rollout_ref.actor.policy_loss.loss_mode must "
-         "be one of", True),
-    ],
-)
-def test_a_check_that_needs_no_verl_trainer_module_refuses_before_one_is_imported(override, refusal, trainer_modules):
+def test_a_check_that_needs_no_verl_trainer_module_refuses_before_one_is_imported():
     """stapo/verl_plugin/preflight/run_checks.py validate_run_config: the verl-free checks first. The preset's fit
-    and the composition import no verl at all; the registries' check does import verl's trainer modules."""
-    out = subprocess.run([sys.executable, "-c", REFUSE_IN_A_FRESH_PROCESS, override], cwd=REPO, capture_output=True,
-                         text=True, timeout=180)
+    and the composition import no verl at all; the registries' check does import verl's trainer modules. One fresh
+    process for every case (a verl-free refusal leaves the process without verl's trainer modules, so the next case
+    starts as a fresh process would for them)."""
+    out = subprocess.run([sys.executable, "-c", REFUSE_IN_A_FRESH_PROCESS, json.dumps([o for o, _, _ in REFUSALS])],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["verl_before_checks"] is False, report
-    assert (report["refusal"] or "").startswith(refusal), report
-    assert report["trainer_modules"] is trainer_modules, report
+    reports = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(reports) == len(REFUSALS)
+    assert reports[0]["verl_before_checks"] is False, reports  # composing and the preset's fit: no verl
+    for (override, refusal, trainer_modules), report in zip(REFUSALS, reports):
+        assert (report["refusal"] or "").startswith(refusal), (override, report)
+        assert report["trainer_modules"] is trainer_modules, (override, report)
 
 
 PL = "actor_rollout_ref.actor.policy_loss"
