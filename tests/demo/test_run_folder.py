@@ -333,3 +333,32 @@ def test_the_test_runner_completes_console_steps_from_this_runs_metrics_file_onl
     steps = logged_steps("step:3 - x:30\n", [f"stapo.run_dir={tmp_path}"])
     assert steps == {3: {"x": 30.0}, 4: {"x": 4.0}}  # the console line wins; an earlier run's segment is not its
     assert logged_steps("step:3 - x:30\n", []) == {3: {"x": 30.0}}
+
+
+def test_a_runs_config_is_parsed_once_a_version_read_only_and_read_again_once_rewritten(tmp_path):
+    """stapo.runs.folder.load_run_config: `stapo compare` asks for each run's config several times; the parsed
+    config is shared, so it is read-only, and a rewritten file (another size or time) is parsed again."""
+    import gzip
+    import os
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ReadonlyConfigError
+
+    from stapo.runs.folder import load_run_config
+
+    assert load_run_config(tmp_path) is None
+    (tmp_path / "config.yaml.gz").write_bytes(gzip.compress(b"trainer:\n  total_training_steps: 7\n  lr: 1e-6\n"))
+    packed = load_run_config(tmp_path)
+    assert OmegaConf.to_container(packed) == {"trainer": {"total_training_steps": 7, "lr": 1e-6}}
+    config = tmp_path / "config.yaml"  # the plain file first, as before
+    config.write_text("trainer:\n  total_training_steps: 3\n")
+    first = load_run_config(tmp_path)
+    assert first.trainer.total_training_steps == 3 and load_run_config(tmp_path) is first
+    with pytest.raises(ReadonlyConfigError):
+        first.trainer.total_training_steps = 4
+    config.write_text("trainer:\n  total_training_steps: 15\n")  # one more byte
+    assert load_run_config(tmp_path).trainer.total_training_steps == 15
+    stat = config.stat()
+    config.write_text("trainer:\n  total_training_steps: 16\n")  # the same size, a later time
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert load_run_config(tmp_path).trainer.total_training_steps == 16

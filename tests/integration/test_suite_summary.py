@@ -16,6 +16,8 @@ import pytest
 
 from stapo.machine_kind import machine_kind
 
+pytestmark = [pytest.mark.slow]  # starts a pytest process: out of make test-fast
+
 REPO = Path(__file__).resolve().parents[2]
 
 MODULE = """

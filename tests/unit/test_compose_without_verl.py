@@ -132,6 +132,7 @@ print(json.dumps({"loaded": [name for name in ("verl", "torch._dynamo", "torch")
 """
 
 
+@pytest.mark.slow  # starts a process: out of make test-fast
 def test_composing_in_a_fresh_process_imports_neither_verl_nor_torch_dynamo():
     out = subprocess.run([sys.executable, "-c", COMPOSE_IN_A_FRESH_PROCESS], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
@@ -173,6 +174,7 @@ REFUSALS = [  # (override, the refusal's start, verl's trainer modules imported 
 ]
 
 
+@pytest.mark.slow  # starts a process: out of make test-fast
 def test_a_check_that_needs_no_verl_trainer_module_refuses_before_one_is_imported():
     """stapo/verl_plugin/preflight/run_checks.py validate_run_config: the verl-free checks first. The preset's fit
     and the composition import no verl at all; the registries' check does import verl's trainer modules. One fresh
