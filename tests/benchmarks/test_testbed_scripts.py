@@ -246,8 +246,28 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
             f"{before['worker_s']:,.0f} s in the third run above at 617335c (pytest {before['wall_s']:,.0f} s)"
             ) in readme
     assert f"running beside it, {loaded['wall_s']:,.0f} s, not a before figure" in readme
+    refusals = read_json(REPO / "benchmarks" / "suite_runs" / "2026-12-02-fast-refusals.json")
+    junit, steps, ci = refusals["after-aef203c"], refusals["make-test-steps-aef203c"], refusals["ci-fb66681"]
+    assert junit["failures"] == 1 and abs(junit["wall_s"] - steps["pytest_s"]) < 2  # the junit is the timed pytest
+    assert steps["setup_s"] + steps["pytest_s"] + steps["image_s"] == steps["total_s"]
+    assert (f"the venv's set-up {steps['setup_s']} s, pytest {steps['pytest_s']:,} s ({steps['pytest_s'] / 60:.1f} "
+            f"min; {junit['tests'] - junit['skipped'] - junit['failures']} passed, {junit['skipped']} skipped, "
+            f"{junit['failures']} failed") in readme
+    assert (f"{junit['worker_s']:,.0f} s of worker time, the image step {steps['image_s']} s: {steps['total_s']:,} s "
+            f"in all, {steps['total_s'] / 60:.1f} min") in readme
+    assert f"most of the drop from {latest['worker_s']:,.0f} s" in readme.lower()
+    fast = refusals["fast-same-day"]
+    early, late = fast["fb66681-0430utc"], fast["454eafb-0621utc"]
+    assert (f"took {early['wall_s']} s ({early['worker_s']} s of worker time) at 04:30 UTC and {late['wall_s']} s "
+            f"({late['worker_s']} s, with {late['passed'] - early['passed']} tests more) at 06:21") in readme
+    module = fast["one_module_both_commits_0630utc"]
+    times = module["fb66681_s"] + module["454eafb_s"]
+    first = module["same_module_at_0430utc_s"]
+    assert f"took {first} s in the first and {min(times)}-{max(times)} s run alone" in readme
+    assert f"in {ci['total_s']:,} s ({ci['total_s'] / 60:.1f} min)" in readme
     current = " ".join(BENCHMARKS.read_text().split())
-    assert f"| `make test` | pytest {latest['wall_s'] / 60:.1f} min |" in current
+    assert (f"| `make test` | {steps['total_s'] / 60:.1f} min from a fresh clone (pytest {steps['pytest_s'] / 60:.1f} "
+            "min) |") in current
 
 
 def test_startup_before_tree_runs_that_checkout_s_code_and_the_after_side_this_one(tmp_path, monkeypatch):
