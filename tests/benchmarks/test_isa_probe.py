@@ -20,6 +20,7 @@ def test_the_fingerprint_is_a_function_of_the_training_and_sees_one_step_more():
     assert longer["sha256"] != first["sha256"]
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_each_setting_runs_in_its_own_process_with_its_capability(tmp_path):
     out = tmp_path / "probe.json"
     isa_probe.main(["--steps", "1", "--only", "aten-avx2,portable", "--json", str(out)])

@@ -12,6 +12,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from tests.parallel import SHARED_RUNS, unit_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +33,7 @@ def pytest_run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
                           cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_each_unit_runs_on_one_worker():
     # two modules of the launch package (one unit) and two plain modules, on two workers
     modules = ["tests/launch/test_port_plan.py", "tests/launch/test_skypilot.py",

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 CHECK = REPO / "docker" / "check_image.py"
@@ -61,6 +63,7 @@ def test_the_dockerfile_ends_with_the_check_on_its_own_build_arguments():
     assert "get_policy_loss_fn" not in text
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_the_image_check_passes_on_the_cpu_install_with_the_dockerfiles_pins():
     done = run_check(*image_argv())
     assert done.returncode == 0, done.stdout + done.stderr
@@ -68,6 +71,7 @@ def test_the_image_check_passes_on_the_cpu_install_with_the_dockerfiles_pins():
     assert f"check_image: ok: verl {args['VERL_VERSION']}, transformers {cpu_pin('transformers')}" in done.stdout
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_the_image_check_fails_on_a_pin_the_install_does_not_hold_and_on_a_missing_entrypoint():
     done = run_check(*image_argv(**{"--verl": "0.9.0", "--entrypoint": "no-such-entrypoint"}))
     assert done.returncode == 1

@@ -13,6 +13,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = REPO / "docker" / "entrypoint.sh"
 
@@ -29,6 +31,7 @@ def test_no_mode_is_help(tmp_path):
     assert bare.returncode == 0 and bare.stdout == asked.stdout and "submit [overrides...]" in bare.stdout
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_train_composes_the_recipes_config_from_stapo_home(tmp_path):
     done = entrypoint("train", "--cfg", "job", "algo=stapo", "trainer.total_training_steps=7", cwd=tmp_path,
                       timeout=300)

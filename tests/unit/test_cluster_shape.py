@@ -229,6 +229,7 @@ class _Runner:
         return cls
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_at_launch_a_real_ray_cluster_without_the_gpus_is_refused_at_once():
     """A real one-node Ray started here without GPUs (as ``run_ppo`` starts one): the TaskRunner is never created,
     the refusal names both numbers, within seconds of Ray being up (verl would wait on its placement groups)."""

@@ -255,6 +255,7 @@ def test_apply_to_run_names_the_rule_and_hands_the_files_to_every_process(monkey
         apply_to_run(config, "mask")
 
 
+@pytest.mark.slow  # starts processes: out of make test-fast
 def test_a_fresh_process_registers_the_rule_and_the_loss_at_import_verl():
     """What a Ray worker does: the plugin (``import verl``) reads the job's environment and registers the rule
     when the mask registry is imported and the loss when verl's loss registry is."""
