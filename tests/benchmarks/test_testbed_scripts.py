@@ -260,6 +260,8 @@ def test_the_start_up_and_suite_figures_are_what_benchmarks_md_quotes():
     early, late = fast["fb66681-0430utc"], fast["454eafb-0621utc"]
     assert (f"took {early['wall_s']} s ({early['worker_s']} s of worker time) at 04:30 UTC and {late['wall_s']} s "
             f"({late['worker_s']} s, with {late['passed'] - early['passed']} tests more) at 06:21") in readme
+    moved = fast["f747266-0638utc"]
+    assert f"took {moved['wall_s']} s ({moved['worker_s']} s of worker time) at 06:38" in readme
     module = fast["one_module_both_commits_0630utc"]
     times = module["fb66681_s"] + module["454eafb_s"]
     first = module["same_module_at_0430utc_s"]
