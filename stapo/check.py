@@ -16,7 +16,8 @@ import warnings
 
 from stapo.algorithm.validation import STAPOConfigError, did_you_mean
 
-OVERRIDE_KEY = re.compile(r"^[~+]*([^=~+][^=]*)=")
+# the key an override sets, adds or deletes: key=v, +key=v, ++key=v, ~key=v, ~key
+OVERRIDE_KEY = re.compile(r"^[~+]*([^=~+][^=]*)(?:=|$)")
 
 
 def quiet_optional_engines() -> None:
@@ -39,8 +40,7 @@ def compose_run(overrides: list[str]):
     from stapo.config_dir import CONFIG_NAME, config_dir, searchpath_override
 
     searchpath = searchpath_override()
-    users = {item.lstrip("~+").split("=", 1)[0] for item in overrides}
-    own = [searchpath] if searchpath and "hydra.searchpath" not in users else []
+    own = [searchpath] if searchpath and "hydra.searchpath" not in map(_override_key, overrides) else []
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base=None):
             cfg = compose(config_name=CONFIG_NAME, overrides=[*overrides, *own], return_hydra_config=True)
