@@ -9,6 +9,7 @@ race; the last rename wins.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -31,3 +32,13 @@ def write_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
 def write_text_atomically(path: Path, text: str) -> Path:
     """``text`` (UTF-8) as the whole of ``path``, by ``write_atomically``."""
     return write_atomically(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of ``path``'s bytes: how a run records, and every process re-checks, a file it executes or
+    reads as data (a rule, a loss, a reward, the training files)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
