@@ -7,7 +7,8 @@ PIP := $(BIN)/python -m pip
 STAMP := $(VENV)/.stapo-installed
 CONSTRAINTS := requirements/constraints-cpu.txt
 
-.PHONY: setup lint-tools test test-fast test-image-versions sp-check demo bench compare clean
+.PHONY: setup lint-tools test test-fast test-image-versions sp-check demo bench compare clean \
+	image image-base image-test image-lock
 
 setup: $(STAMP)
 
@@ -106,6 +107,28 @@ compare: setup
 		--max-parallel $(COMPARE_PARALLEL) --out $(COMPARE_OUT) -- $(COMPARE_SETTINGS)
 	$(BIN)/stapo sweep --grid algo=justrl,stapo,grpo,entropy20,dapo,drgrpo,gspo,cispo --seeds $(COMPARE_SEEDS) \
 		--baseline algo=justrl --out $(COMPARE_OUT) --compare-only -- $(COMPARE_SETTINGS)
+
+# The image (docker/README.md). `make image` builds docker/Dockerfile with docker or podman on BASE, verl's image by
+# default; where it cannot be pulled, `make image-base` builds a stand-in from Debian's packages and the package
+# index (docker/base/Dockerfile), and `make image BASE=$(STANDIN_BASE)` uses it. `make image-test` runs the built
+# image on this machine's CPU (docker/image_test.sh says what it checks). `make image-lock` rewrites the locks
+# (docker/lock/) after a change of docker/lock/image.in or pyproject.toml's dependencies.
+BASE ?= verlai/verl:vllm024.dev2
+STANDIN_BASE ?= localhost/stapo-base:py311-torch2.11.0-vllm0.24.0
+IMAGE ?= stapo:0.1.0-verl0.9.1-vllm024
+# more arguments for the build, e.g. BUILD_ARGS="--build-arg STAPO_UID=1234"
+BUILD_ARGS ?=
+image:
+	docker/build.sh image $(BASE) $(IMAGE) $(BUILD_ARGS)
+
+image-base:
+	docker/build.sh base $(STANDIN_BASE)
+
+image-test:
+	docker/image_test.sh $(IMAGE)
+
+image-lock: setup
+	UV=$(BIN)/uv docker/lock.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -8,7 +8,11 @@ and the CPU test suite (tests/launch/test_docker_image.py), which runs this same
 - ``import verl`` loads this project's plugin: every policy loss, the trainer and the agent loop that
   ``stapo.verl_plugin.registration.assert_registered`` lists are in verl's registries;
 - the ``stapo`` command and the image's entrypoint (``--entrypoint``, default ``stapo-entrypoint`` on the
-  PATH) run.
+  PATH) run;
+- with ``--lock FILE`` (``auto``: docker/lock/py3XX.txt for this Python), every package of the lock is installed
+  at the lock's version, but for those the base holds (docker/install_lock.py's HELD), which are only listed;
+  on the stand-in base (``STAPO_STANDIN_BASE=1``, docker/base/Dockerfile), which was built from the lock, those
+  must match too.
 
 Prints one line with the versions on success; exits 1 with every problem on one line each otherwise.
 No GPU is needed: nothing here initialises CUDA.
@@ -17,10 +21,14 @@ No GPU is needed: nothing here initialises CUDA.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
 
 
 def installed(name: str) -> str | None:
@@ -50,6 +58,27 @@ def registration_problems() -> list[str]:
     return []
 
 
+def lock_problems(lock: Path) -> list[str]:
+    sys.path.insert(0, str(HERE))
+    from install_lock import HELD, lock_entries
+
+    strict = os.environ.get("STAPO_STANDIN_BASE") == "1"
+    problems = []
+    for name, entry in lock_entries(lock.read_text(encoding="utf-8")).items():
+        wanted, found = entry.split()[0].split("==")[1], installed(name)
+        if found == wanted:
+            continue
+        if HELD.match(name) and not strict:
+            print(f"check_image: {name} {found} is the base's (the lock has {wanted})")
+            continue
+        problems.append(f"{name} {found} is installed, {lock.name} locks {wanted}")
+    return problems
+
+
+def default_lock() -> Path:
+    return HERE / "lock" / f"py{sys.version_info.major}{sys.version_info.minor}.txt"
+
+
 def command_problems(entrypoint: str) -> list[str]:
     problems = []
     for argv in (["stapo", "--help"], [entrypoint, "help"]):
@@ -68,11 +97,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--transformers", required=True, help="the transformers version the image pins")
     parser.add_argument("--transfer-queue", required=True, help="the TransferQueue version the image pins")
     parser.add_argument("--entrypoint", default="stapo-entrypoint", help="the image's entrypoint command")
+    parser.add_argument("--lock", help="a lock file every installed version must match ('auto': this Python's)")
     args = parser.parse_args(argv)
     expected = {"verl": args.verl, "transformers": args.transformers, "TransferQueue": args.transfer_queue}
     problems = version_problems(expected)
     problems += registration_problems()
     problems += command_problems(args.entrypoint)
+    if args.lock:
+        problems += lock_problems(default_lock() if args.lock == "auto" else Path(args.lock))
     if problems:
         for problem in problems:
             print(f"check_image: {problem}", file=sys.stderr)

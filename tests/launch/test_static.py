@@ -46,7 +46,7 @@ def test_scripts_exist():
 def test_python_is_lint_clean():
     """pyflakes, pycodestyle and import order over the project's Python (the settings of pyproject.toml)."""
     ruff = _tool("ruff", "make lint-tools (pip install ruff)")
-    paths = ["stapo", "recipe", "benchmarks", "tests", "launch"]
+    paths = ["stapo", "recipe", "benchmarks", "tests", "launch", "docker"]
     lint = subprocess.run(
         [ruff, "check", "--no-cache", "--select", "E,F,W,I", *paths], cwd=REPO, capture_output=True, text=True
     )
@@ -134,34 +134,12 @@ def test_dockerfile_versions_agree_with_pyproject_and_constraints():
     assert Requirement("TransferQueue>=0.1.10").specifier.contains(args["TRANSFER_QUEUE_VERSION"])
 
 
-def test_dockerfile_base_and_install_rules():
+def test_dockerfile_default_base_is_a_fixed_tag_of_verls_line():
+    """What the real build (make image, on the stand-in base) cannot see: the default base it does not use."""
     args = _dockerfile_args()
-    text = DOCKERFILE.read_text()
-    # verl's 0.9.x vLLM line, pinned by a concrete tag (no "latest")
     assert re.fullmatch(r"verlai/verl:vllm024\.[a-z0-9]+(@sha256:[0-9a-f]{64})?", args["BASE_IMAGE"])
     assert "latest" not in args["BASE_IMAGE"]
-    assert "FROM ${BASE_IMAGE}" in text
-    # torch and vLLM come from the base: never installed or upgraded here, held by the constraints file
-    install_lines = [line for line in text.splitlines() if "pip install" in line]
-    assert install_lines and all("torch" not in line and "vllm" not in line for line in install_lines), install_lines
-    assert "-c /tmp/image-pins.txt" in text and "diff /tmp/image-pins.txt -" in text
-    for label in ("org.opencontainers.image.version", "org.stapo.version.verl", "org.stapo.version.transformers"):
-        assert label in text
-    # the last USER is not root
-    users = re.findall(r"^USER (\S+)", text, flags=re.M)
-    assert users and users[-1] not in ("root", "0")
-    assert 'ENTRYPOINT ["/usr/local/bin/stapo-entrypoint"]' in text
-    # everything the image copies exists
-    for src in re.findall(r"^COPY (.+) \S+$", text, flags=re.M):
-        for path in src.split():
-            assert (REPO / path).exists(), path
-
-
-def test_dockerignore_keeps_what_the_image_copies():
-    ignore = (REPO / "docker" / "Dockerfile.dockerignore").read_text()
-    for path in ("pyproject.toml", "README.md", "stapo/", "recipe/", "conf/", "launch/", "docker/entrypoint.sh",
-                 "docker/check_image.py"):
-        assert f"!{path}" in ignore, path
+    assert "FROM ${BASE_IMAGE}" in DOCKERFILE.read_text()
 
 
 def test_entrypoint_help_and_passthrough():

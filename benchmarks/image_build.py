@@ -1,0 +1,81 @@
+"""The image's build times and sizes, measured on this machine (BENCHMARKS.md, "The image").
+
+    python -m benchmarks.image_build [--from-nothing] --out benchmarks/image_runs/NAME.json
+
+Times, with the command each ran: ``make image-base`` (the stand-in base), ``make image BASE=<it>`` and
+``make image-test``; then the image again after a change of the project's code alone (a file added to stapo/
+for the build and removed after it), which rebuilds only the layers after the locked packages.
+``--from-nothing`` first removes every image and the build cache, so the base's root file system and every
+download are in the times. Sizes: the images' and each layer's, from the engine's own ``history``. The machine
+(lscpu's model name, CPUs, load) is recorded beside them: take the figures with nothing else running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from stapo.machine_kind import machine_kind
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = str(REPO / "docker" / "engine.sh")
+STANDIN = "localhost/stapo-base:py311-torch2.11.0-vllm0.24.0"
+IMAGE = "stapo:0.1.0-verl0.9.1-vllm024"
+
+
+def timed(argv: list[str]) -> dict:
+    start = time.monotonic()
+    subprocess.run(argv, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return {"command": " ".join(argv), "seconds": round(time.monotonic() - start, 1)}
+
+
+def engine(*args: str) -> str:
+    return subprocess.run([ENGINE, *args], cwd=REPO, check=True, capture_output=True, text=True).stdout
+
+
+def layers(image: str) -> list[dict]:
+    """Each layer's size in bytes and the step that made it, newest first (empty layers left out)."""
+    rows = engine("history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", "--human=false", image)
+    found = []
+    for line in rows.splitlines():
+        size, _, step = line.partition("\t")
+        if size.strip().isdigit() and int(size) > 0:
+            found.append({"bytes": int(size), "step": " ".join(step.split())[:160]})
+    return found
+
+
+def image_bytes(image: str) -> int:
+    return int(engine("image", "inspect", "--format", "{{.Size}}", image).strip())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--from-nothing", action="store_true", help="remove every image and the build cache first")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.from_nothing:
+        subprocess.run([ENGINE, "system", "prune", "--all", "--force"], check=True, stdout=subprocess.DEVNULL)
+    steps = [timed(["make", "image-base"]), timed(["make", "image", f"BASE={STANDIN}"])]
+    probe = REPO / "stapo" / ".image-build-probe"
+    probe.write_text(f"{time.time()}\n")  # a change of the project's code alone
+    try:
+        steps.append(timed(["make", "image", f"BASE={STANDIN}"]) | {"after": "a file added to stapo/"})
+    finally:
+        probe.unlink()
+    steps.append(timed(["make", "image-test"]))
+    record = {
+        "machine": machine_kind(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
+        "from_nothing": args.from_nothing, "engine": engine("--version").strip(), "steps": steps,
+        "sizes": {name: {"bytes": image_bytes(name), "layers": layers(name)} for name in (STANDIN, IMAGE)},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps({"steps": steps, "bytes": {k: v["bytes"] for k, v in record["sizes"].items()}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
