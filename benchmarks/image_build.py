@@ -1,6 +1,7 @@
 """The image's build times and sizes, measured on this machine (BENCHMARKS.md, "The image").
 
     python -m benchmarks.image_build [--from-nothing] --out benchmarks/image_runs/NAME.json
+    python -m benchmarks.image_build --render benchmarks/image_runs/NAME.json   (BENCHMARKS.md's section)
 
 Times, with the command each ran: ``make image-base`` (the stand-in base), ``make image BASE=<it>`` and
 ``make image-test``; then the image again after a change of the project's code alone (a file added to stapo/
@@ -52,11 +53,49 @@ def image_bytes(image: str) -> int:
     return int(engine("image", "inspect", "--format", "{{.Size}}", image).strip())
 
 
+MARKERS = ("<!-- image:figures -->", "<!-- /image:figures -->")
+
+
+def gib(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB"
+
+
+def render(record: dict, source: str) -> str:
+    """BENCHMARKS.md's image figures, from one record (tests/benchmarks/test_image_figures.py compares)."""
+    steps = record["steps"]
+    start = "from nothing (no image, no cache)" if record["from_nothing"] else "cached"
+    base, image = record["sizes"][STANDIN], record["sizes"][IMAGE]
+    lines = [
+        f"From `{source}`: {record['machine']}, {record['cpus']} CPUs, load {record['load_before']:.1f} before the "
+        f"first step, {record['engine']}, {start}.",
+        "",
+        "| step | seconds |",
+        "|---|---|",
+    ]
+    for step in steps:
+        after = f" ({step['after']})" if "after" in step else ""
+        lines.append(f"| `{step['command']}`{after} | {step['seconds']:.0f} |")
+    lines += ["", f"The image {gib(image['bytes'])}, the stand-in base {gib(base['bytes'])}; the image's layers over "
+              "the base, largest first:", "", "| layer | size |", "|---|---|"]
+    own = image["layers"][: len(image["layers"]) - len(base["layers"])]
+    for layer in sorted(own, key=lambda row: -row["bytes"])[:4]:
+        lines.append(f"| `{layer['step'][:90]}` | {layer['bytes'] / 2**20:.0f} MiB |")
+    lines.append(f"| the base's largest layer: `{max(base['layers'], key=lambda row: row['bytes'])['step'][:60]}` | "
+                 f"{gib(max(row['bytes'] for row in base['layers']))} |")
+    return "\n".join([MARKERS[0], *lines, MARKERS[1]])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from-nothing", action="store_true", help="remove every image and the build cache first")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, help="the record to write")
+    parser.add_argument("--render", type=Path, help="print BENCHMARKS.md's section from this record, measure nothing")
     args = parser.parse_args()
+    if args.render:
+        print(render(json.loads(args.render.read_text()), args.render.relative_to(REPO).as_posix()))
+        return
+    if args.out is None:
+        parser.error("--out is needed to measure")
     if args.from_nothing:
         subprocess.run([ENGINE, "system", "prune", "--all", "--force"], check=True, stdout=subprocess.DEVNULL)
     steps = [timed(["make", "image-base"]), timed(["make", "image", f"BASE={STANDIN}"])]
