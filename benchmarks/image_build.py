@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -38,19 +39,36 @@ def engine(*args: str) -> str:
     return subprocess.run([ENGINE, *args], cwd=REPO, check=True, capture_output=True, text=True).stdout
 
 
+def step_text(created_by: str) -> str:
+    """The Dockerfile step a layer came from, without the engine's prefixes (build arguments, the shell)."""
+    text = re.sub(r"^\|\d+ (\S+=\S* )*", "", " ".join(created_by.split()))
+    text = re.sub(r"^(/bin/(ba)?sh (-o pipefail )?-c )?(#\(nop\) )?", "", text)
+    text = re.sub(r"--mount=type=secret,id=\w+ ", "", text)
+    return re.sub(r"if \[ -s /run/secrets/\w+ \]; then export \w+=/run/secrets/\w+; fi && ", "", text)[:160]
+
+
 def layers(image: str) -> list[dict]:
-    """Each layer's size in bytes and the step that made it, newest first (empty layers left out)."""
-    rows = engine("history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", "--human=false", image)
+    """Each layer's size in bytes and the step that made it, newest first (empty layers left out). podman prints
+    ``--format json`` as one array, docker ``{{json .}}`` as a line a layer."""
+    argv = ["history", "--human=false", "--no-trunc", "--format"]
+    try:
+        rows = json.loads(engine(*argv, "json", image))
+    except (subprocess.CalledProcessError, json.JSONDecodeError):
+        rows = [json.loads(line) for line in engine(*argv, "{{json .}}", image).splitlines() if line.strip()]
     found = []
-    for line in rows.splitlines():
-        size, _, step = line.partition("\t")
-        if size.strip().isdigit() and int(size) > 0:
-            found.append({"bytes": int(size), "step": " ".join(step.split())[:160]})
+    for row in rows:
+        size, step = int(row.get("size", row.get("Size", 0))), row.get("CreatedBy", "")
+        if size > 0:
+            found.append({"bytes": size, "step": step_text(step)})
     return found
 
 
 def image_bytes(image: str) -> int:
     return int(engine("image", "inspect", "--format", "{{.Size}}", image).strip())
+
+
+def sizes() -> dict:
+    return {name: {"bytes": image_bytes(name), "layers": layers(name)} for name in (STANDIN, IMAGE)}
 
 
 MARKERS = ("<!-- image:figures -->", "<!-- /image:figures -->")
@@ -67,7 +85,7 @@ def render(record: dict, source: str) -> str:
     base, image = record["sizes"][STANDIN], record["sizes"][IMAGE]
     lines = [
         f"From `{source}`: {record['machine']}, {record['cpus']} CPUs, load {record['load_before']:.1f} before the "
-        f"first step, {record['engine']}, {start}.",
+        f"first step and {record['load_after']:.1f} after the last, {record['engine']}, {start}.",
         "",
         "| step | seconds |",
         "|---|---|",
@@ -89,13 +107,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from-nothing", action="store_true", help="remove every image and the build cache first")
     parser.add_argument("--out", type=Path, help="the record to write")
+    parser.add_argument("--sizes-into", type=Path, help="re-read the images' sizes into this record, build nothing")
     parser.add_argument("--render", type=Path, help="print BENCHMARKS.md's section from this record, measure nothing")
     args = parser.parse_args()
     if args.render:
-        print(render(json.loads(args.render.read_text()), args.render.relative_to(REPO).as_posix()))
+        print(render(json.loads(args.render.read_text()), args.render.resolve().relative_to(REPO).as_posix()))
+        return
+    if args.sizes_into:
+        record = json.loads(args.sizes_into.read_text())
+        record["sizes"] = sizes()
+        args.sizes_into.write_text(json.dumps(record, indent=2) + "\n")
         return
     if args.out is None:
         parser.error("--out is needed to measure")
+    load_before = os.getloadavg()[0]
     if args.from_nothing:
         subprocess.run([ENGINE, "system", "prune", "--all", "--force"], check=True, stdout=subprocess.DEVNULL)
     steps = [timed(["make", "image-base"]), timed(["make", "image", f"BASE={STANDIN}"])]
@@ -107,9 +132,10 @@ def main() -> None:
         probe.unlink()
     steps.append(timed(["make", "image-test"]))
     record = {
-        "machine": machine_kind(), "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
+        "machine": machine_kind(), "cpus": os.cpu_count(), "load_before": load_before,
+        "load_after": os.getloadavg()[0],
         "from_nothing": args.from_nothing, "engine": engine("--version").strip(), "steps": steps,
-        "sizes": {name: {"bytes": image_bytes(name), "layers": layers(name)} for name in (STANDIN, IMAGE)},
+        "sizes": sizes(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
