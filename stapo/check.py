@@ -11,6 +11,7 @@ settings (``validate_run_config``) and of what the run reads (``stapo.input_chec
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import warnings
 
@@ -24,6 +25,43 @@ def quiet_optional_engines() -> None:
     """Importing verl warns once per optional training engine that is not installed (torchtitan, megatron,
     ...): five tracebacks' worth of lines above a one-line refusal. Called first by each entry point."""
     warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
+
+
+# the files a run loads, by the key that names them: one path each, or a list of them
+FILE_KEYS = ("stapo.custom_rule.path", "reward.custom_reward_function.path")
+FILE_LIST_KEYS = ("stapo.import_files",)
+
+
+def absolute_file_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """``overrides`` with each relative path of a file the run loads (the rule, the loss files, the reward) made
+    absolute here, and a note for each: one policy for the three at every front door (``stapo check``, ``stapo
+    train``, a local ``stapo sweep``), so a path means the file the command's folder holds, the one the check reads,
+    wherever the run's processes start (a sweep's cells start in their run folders). ``pkg://`` names, other
+    schemes and interpolations are left alone; the recipe run by hand keeps each key's own rule (docs/algorithm.md
+    section 10)."""
+    done, notes = [], []
+    for override in overrides:
+        key, (prefix, _, value) = _override_key(override), override.partition("=")
+        new = value
+        if key in FILE_KEYS:
+            new = _absolute(value)
+        elif key in FILE_LIST_KEYS and value.startswith("[") and value.endswith("]"):
+            items = [item.strip().strip("'\"") for item in value[1:-1].split(",") if item.strip()]
+            if any(_absolute(item) != item for item in items):
+                new = "[" + ",".join(_absolute(item) for item in items) + "]"
+        if new != value:
+            notes.append(f"{key}: a relative path, taken from this folder as {new}")
+        done.append(override if new == value else f"{prefix}={new}")
+    return done, notes
+
+
+def _absolute(value: str) -> str:
+    if value in ("", "null", "None") or value.startswith("${") or ("://" in value and not value.startswith("file://")):
+        return value
+    local = value.removeprefix("file://")
+    if os.path.isabs(local):
+        return value
+    return os.path.abspath(os.path.expanduser(local))
 
 
 def compose_run(overrides: list[str]):
@@ -52,11 +90,12 @@ def compose_run(overrides: list[str]):
     return cfg
 
 
-def check_run(config, paths: bool = True, launch: bool = False) -> list[str]:
+def check_run(config, paths: bool = True, launch: bool = False, show_calls: bool = True) -> list[str]:
     """Every driver-side check of a composed config; the notes of the path checks (what each path was taken as).
     A CPU preset given another model, data or device is refused first: the other refusals would be about it.
     With ``paths`` this machine's GPUs and the checkpoint folder are checked too; ``launch`` (``stapo train``: the
-    run starts from here) refuses what ``stapo check`` only notes (a GPU run on a machine without a GPU)."""
+    run starts from here) refuses what ``stapo check`` only notes (a GPU run on a machine without a GPU);
+    ``show_calls``: a line for each call of the reward as it returns."""
     from stapo.input_checks import check_inputs
     from stapo.preset_fit import check_preset_fit
 
@@ -70,7 +109,7 @@ def check_run(config, paths: bool = True, launch: bool = False) -> list[str]:
     shape += [note for note in [check_checkpoint_identity(config) if paths else None] if note]
     from stapo.verl_plugin.preflight.reward_check import check_reward
 
-    return (check_inputs(config) if paths else []) + check_reward(config, paths=paths) + shape
+    return (check_inputs(config) if paths else []) + check_reward(config, paths, show_calls) + shape
 
 
 def explain_composition_error(error: Exception, overrides: list[str]) -> str:
@@ -162,9 +201,10 @@ def main(argv: list[str]) -> int:
                         help="check the settings only, not the model and data paths, this machine's GPUs or the "
                         "checkpoint folder (a cluster's config on a laptop)")
     args = parser.parse_args(argv)
-    config = compose_run(args.overrides)
+    overrides, path_notes = absolute_file_overrides(args.overrides)
+    config = compose_run(overrides)
     choices = composed_choices()
-    notes = check_run(config, paths=not args.no_paths)
+    notes = path_notes + check_run(config, paths=not args.no_paths)
     from stapo.verl_plugin.preflight.custom_rule_check import check_custom_files
 
     if (checked := check_custom_files(config)) is not None:  # checked by check_run already: its note
@@ -211,6 +251,7 @@ def run_summary(config, choices: dict[str, str]) -> list[str]:
              f"{get('data.max_response_length')} tokens")
     return [
         f"preset: model_preset={choices.get('model_preset')}, algo={choices.get('algo')}",
+        *rule_lines(config, choices.get("algo")),
         f"device: {device}, {shape_line(config)}",
         f"model: {get('actor_rollout_ref.model.path')}",
         batch,
@@ -218,7 +259,29 @@ def run_summary(config, choices: dict[str, str]) -> list[str]:
         + validation_text(get("trainer.test_freq", -1), get("trainer.val_before_train", True)),
         f"rollout: {rollout.name} ({rollout.mode}, tensor parallel {rollout.tensor_model_parallel_size})",
         f"reward: {reward_text}",
+        seed_line(get("data.seed"), get("actor_rollout_ref.rollout.seed")),
     ]
+
+
+def rule_lines(config, algo: str | None) -> list[str]:
+    """``token rule: custom:NAME from FILE`` when the user's rule replaces the preset's (else nothing: the preset
+    line says it): ``algo=`` alone would name a rule the run does not train with."""
+    from omegaconf import OmegaConf
+
+    section = OmegaConf.select(config, "stapo.custom_rule", default=None) or {}
+    name = section.get("name", None)
+    if not name:
+        return []
+    return [f"token rule: custom:{name} from {section.get('path', None)} (replaces algo={algo}'s rule)"]
+
+
+def seed_line(data_seed, rollout_seed) -> str:
+    """The run's seeds, and whether a sweep's run of that seed is its pair: a sweep's seed S sets both
+    ``data.seed`` and ``actor_rollout_ref.rollout.seed`` to S (stapo.sweep.grid.SEED_KEYS)."""
+    if data_seed == rollout_seed:
+        return f"seed: {data_seed} (data order and rollouts; a sweep's --seeds {data_seed} run is this run's pair)"
+    return (f"seed: data.seed={data_seed}, actor_rollout_ref.rollout.seed={rollout_seed}: a sweep's seed S sets both "
+            f"to S, so no sweep run pairs with this one (set both alike to pair)")
 
 
 def resolved_yaml(config) -> str:

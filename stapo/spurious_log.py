@@ -2,7 +2,8 @@
 ``stapo.algorithm.token_sample.spread_positions``).
 
 One record per silenced token (the paper's word clouds, as data): the token, a few tokens of
-context either side, its probability and entropy. Pure: takes token ids, the mask, per-token
+context either side, its probability and entropy; a custom weight rule's down-weighted tokens (weight below 1)
+go to their own file in the same format, with the weight. Pure: takes token ids, the mask, per-token
 statistics and a ``decode`` callable, so the trainer (``stapo.verl_plugin.training.diagnostic_outputs``, which reads
 verl's batch), the S2T analysis and ``stapo demo`` all write and read the same thing.
 """
@@ -17,6 +18,8 @@ from pathlib import Path
 import torch
 
 LOG_NAME = "spurious_tokens.jsonl"
+# a custom weight rule's tokens below weight 1 (stapo.algorithm.custom_rule): the same records, with the weight
+DOWNWEIGHTED_NAME = "downweighted_tokens.jsonl"
 SUMMARY_NAME = "spurious_summary.md"
 
 

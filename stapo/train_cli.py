@@ -58,13 +58,23 @@ def run_folder(config, overrides: list[str]) -> tuple[Path, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    from stapo.check import check_run, compose_run, composed_choices, quiet_optional_engines, run_summary
+    from stapo.check import (
+        absolute_file_overrides,
+        check_run,
+        compose_run,
+        composed_choices,
+        quiet_optional_engines,
+        run_summary,
+    )
 
     quiet_optional_engines()  # the checks import verl
     options, overrides = parse(argv)
     if "help" in options:
         print(f"usage: stapo train [-v] [Hydra overrides...]\n\n{__doc__}")
         return 0
+    overrides, path_notes = absolute_file_overrides(overrides)  # the recipe runs in this folder; said all the same
+    for note in path_notes:
+        print(f"[stapo] {note}", flush=True)
     config = compose_run(overrides)
     choices = composed_choices()
     run_dir, overrides = run_folder(config, overrides)

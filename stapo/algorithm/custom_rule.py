@@ -11,14 +11,16 @@ value per token) and ``response_mask``; and ``quantile(values, q)``, the exact l
 finite ``values`` over the scope STAPO takes its threshold over (every DP rank, per mini-batch with
 ``threshold_scope: mini_batch``; ``stapo.algorithm.quantile``), NaN when the scope holds none. It
 returns a bool tensor (True: the token keeps its gradient; a dropped token leaves the sum and the count,
-as S2T's) or a float weight per token (>= 0, multiplying the token's loss, the token staying in the count,
-as TACO's). Pure torch: the file is loaded by ``stapo.verl_plugin.training.custom_rule``.
+as S2T's) or a float weight per token (>= 0 and at most the rule's ``max_weight``, multiplying the token's loss,
+the token staying in the count, as TACO's). Pure torch: the file is loaded by
+``stapo.verl_plugin.training.custom_rule``.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -91,6 +93,41 @@ def parameters_problem(fn: Callable) -> str | None:
     return None
 
 
+def kwargs_problem(fn: Callable, kwargs: dict) -> str | None:
+    """Which of the fixed ``kwargs`` ``fn`` does not take (a misspelt keyword is otherwise never passed), or None."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return None
+    unknown = sorted(set(kwargs) - set(parameters))
+    if not unknown:
+        return None
+    own = sorted(name for name, p in parameters.items()
+                 if name not in (*TENSOR_NAMES, HELPER_NAME) and p.kind is not p.VAR_POSITIONAL)
+    return f"takes no keyword {unknown} (stapo.custom_rule.kwargs); the keywords it takes: {own}"
+
+
+def raise_site(error: BaseException, fn: Callable) -> str | None:
+    """``file:line`` of the innermost frame of ``error`` in ``fn``'s own file (the line that raised, not the
+    ``def``), or None when the error did not pass through that file."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == code.co_filename]
+    return f"{code.co_filename}:{lines[-1]}" if lines else None
+
+
+def describe_raise(error: BaseException, fn: Callable) -> str:
+    """``raised TYPE: message at file:line``, one line (an exit named as one: its text is a bare code)."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    if isinstance(error, SystemExit):
+        text = f"the rule exits the process (sys.exit({error.code!r}))"
+    site = raise_site(error, fn)
+    return f"raised {type(error).__name__}: {text}" + (f" at {site}" if site else "")
+
+
 def call_arguments(fn: Callable, tensors: dict[str, torch.Tensor], quantile, kwargs: dict) -> dict:
     """The keywords ``fn`` accepts: every tensor and the helper when it takes ``**kwargs``, else those it names."""
     offered = {**tensors, HELPER_NAME: quantile, **kwargs}
@@ -103,9 +140,10 @@ def call_arguments(fn: Callable, tensors: dict[str, torch.Tensor], quantile, kwa
     return {name: value for name, value in offered.items() if name in parameters}
 
 
-def output_problem(output, like: torch.Tensor, response_mask: torch.Tensor) -> tuple[str | None, str | None]:
+def output_problem(output, like: torch.Tensor, response_mask: torch.Tensor,
+                   max_weight: float = math.inf) -> tuple[str | None, str | None]:
     """``(problem, kind)``: why ``output`` is not a rule's answer for tensors shaped as ``like`` (None if it is),
-    and whether it is a ``mask`` or a ``weight``."""
+    and whether it is a ``mask`` or a ``weight``; a weight above ``max_weight`` is refused with the bound."""
     if not isinstance(output, torch.Tensor):
         return f"returned {type(output).__name__}, not a tensor (bool: keep; float: weight)", None
     if tuple(output.shape) != tuple(like.shape):
@@ -121,6 +159,11 @@ def output_problem(output, like: torch.Tensor, response_mask: torch.Tensor) -> t
     negative = int((values < 0).sum())
     if negative:
         return f"returned {negative} negative weight(s) at response tokens (min {float(values.min()):.4g})", "weight"
+    above = int((values > max_weight).sum())
+    if above:
+        return (f"returned {above} weight(s) above max_weight={max_weight:g} at response tokens (max "
+                f"{float(values.max()):.4g}): a weight multiplies its token's loss; stapo.custom_rule.max_weight "
+                "raises the bound"), "weight"
     return None, "weight"
 
 
@@ -160,6 +203,7 @@ class CustomRule:
     kind: str
     kwargs: dict = field(default_factory=dict)
     where: str = ""  # "file.py:LINE (FN)" for messages
+    max_weight: float = math.inf  # a weight rule's bound (stapo.custom_rule.max_weight)
 
     def outputs(self, inputs: MaskInputs, offsets: torch.Tensor | None = None) -> torch.Tensor:
         """The rule's output on ``inputs`` in their own layout (flat tokens are padded to rows through
@@ -183,10 +227,12 @@ class CustomRule:
         padded_mask = tensors["response_mask"]
         try:
             output = self.fn(**call_arguments(self.fn, tensors, scope_quantile(inputs.group), self.kwargs))
-        except Exception as error:  # refused on every rank below, not raised on this one alone
-            problem = f"raised {type(error).__name__}: {error}"
+        except KeyboardInterrupt:  # the user stopping the run: not the rule's output
+            raise
+        except BaseException as error:  # an exit too; refused on every rank below, not raised on this one alone
+            problem = describe_raise(error, self.fn)
         else:
-            problem, kind = output_problem(output, padded_mask, padded_mask)
+            problem, kind = output_problem(output, padded_mask, padded_mask, self.max_weight)
             if problem is None and kind != self.kind:
                 problem = f"returned a {kind} where its check found a {self.kind}: a rule must return one kind"
         refused = torch.tensor(float(problem is not None), device=mask.device)

@@ -5,13 +5,16 @@ relative paths, e.g. ``--input DIR/train.parquet --out DIR``) is always refused,
 is replaced only with ``--force``. The checks run before the input is read, so a refusal costs nothing and
 leaves nothing behind. A split's three files are written beside their names first and renamed over them only
 once all three are whole (as ``stapo.files.write_atomically`` does for one file), so an interrupted or failed
-run leaves the old files or the new ones, never half of one, and no parquet without its summary.
-Every failure is a :class:`DataError`: one line naming the path.
+run leaves the old files or the new ones, never half of one, and no parquet without its summary. A run killed
+outright (no ``finally`` runs) leaves its temporary files: they carry the host and process id, and the next run
+of the split removes those of this host whose process is gone (another host's, on shared storage, it cannot
+judge, and leaves). Every failure is a :class:`DataError`: one line naming the path.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -48,10 +51,13 @@ def _check_folder(out_dir: Path, folder: Path) -> None:
 
 def check_outputs(out_dir: Path, folder: Path, split: str, inputs: Iterable[Path], force: bool) -> None:
     """Refuse, before anything is read: an output that is an input (even with ``--force``), an output that is a
-    folder, an output that exists without ``--force``, or a folder that cannot be written."""
+    folder, an output that exists without ``--force``, or a folder that cannot be written. A killed run's
+    temporary files are removed first (:func:`remove_stale_temporaries`)."""
     out_dir, folder = Path(out_dir), Path(folder)
     _check_folder(out_dir, folder)
     outputs = split_files(folder, split)
+    for output in outputs:
+        remove_stale_temporaries(output)
     for output in outputs:
         for given in inputs:
             if _same_file(output, given):
@@ -70,10 +76,44 @@ def writing(path: Path, error: OSError) -> DataError:
     return DataError(f"{error.filename or path}: cannot write ({error.strerror or error})")
 
 
+def _owner() -> str:
+    """``HOST-PID``, the part of a temporary name that says whose it is (a host name holds no ``-PID.`` tail)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def temporary_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{_owner()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """The temporary files of ``path`` that a writer on this host left when it was killed (its process is gone),
+    removed; the removed ones. A live writer's, and another host's, are left."""
+    prefix = f".{path.name}.{socket.gethostname()}-"
+    removed = []
+    for tmp in Path(path).parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(prefix):].split(".", 1)[0] if tmp.name.startswith(prefix) else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
 def write_together(writes: dict[Path, Callable[[Path], object]]) -> None:
     """``write(tmp)`` for every file, each beside its final name, then every ``tmp`` renamed over its file; the
-    temporary files never outlive the call (the writer's own names, as in ``stapo.files``)."""
-    temps = {path: path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp") for path in writes}
+    temporary files never outlive the call (the writer's own names: host and process, :func:`temporary_name`)."""
+    for path in writes:
+        remove_stale_temporaries(path)
+    temps = {path: temporary_name(path) for path in writes}
     try:
         for path, write in writes.items():
             path.parent.mkdir(parents=True, exist_ok=True)

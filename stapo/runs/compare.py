@@ -37,7 +37,14 @@ from pathlib import Path
 from stapo.runs.events import RULE, events_table, group_events
 from stapo.runs.folder import RunData
 from stapo.runs.machine import mixed_machines
-from stapo.runs.settings import differences, mixed_warning, read_settings, settings_markdown
+from stapo.runs.settings import (
+    differences,
+    mixed_warning,
+    read_settings,
+    settings_markdown,
+    token_rules,
+    token_rules_markdown,
+)
 from stapo.runs.stats import mean_se
 from stapo.runs.summary import (
     DECODING_ACC,
@@ -289,12 +296,16 @@ def build_comparison(
     document["nonfinite"], nonfinite = nonfinite_warnings(summary)
     if nonfinite:
         document["warnings"] = [*document.get("warnings", []), *nonfinite]
-    found = settings_differences(selection.groups, summary[0]["group"] if baseline is None else baseline)
+    configs = group_configs(selection.groups)
+    found = differences(configs, summary[0]["group"] if baseline is None else baseline)
     document["settings"] = found
+    if rules := token_rules(configs):
+        document["token_rules"] = rules
     if (mixed := mixed_warning(found)) is not None:
         document["warnings"] = [*document.get("warnings", []), mixed]
     warnings = "".join(f"**Warning**: {warning}\n\n" for warning in document.get("warnings", []))
-    text = warnings + step_line(document) + markdown_table(summary) + tail_table(summary) + decoding_table(summary)
+    text = warnings + step_line(document) + token_rules_markdown(rules)
+    text += markdown_table(summary) + tail_table(summary) + decoding_table(summary)
     if paired and len(summary) > 1:
         baseline = summary[0]["group"] if baseline is None else baseline
         document["paired"] = {"baseline": baseline, "groups": paired_differences(summary, baseline)}
@@ -315,11 +326,15 @@ def build_comparison(
     return document, text
 
 
+def group_configs(groups: dict[str, list[RunData]]) -> dict[str, list[dict]]:
+    """Each group's runs' config.yaml, flattened (stapo.runs.settings.read_settings); runs without one left out."""
+    return {name: [found for run in runs if (found := read_settings(run.path)) is not None]
+            for name, runs in groups.items()}
+
+
 def settings_differences(groups: dict[str, list[RunData]], baseline: str) -> dict:
     """What the compared groups differ in (stapo.runs.settings), from the compared runs' config.yaml."""
-    configs = {name: [found for run in runs if (found := read_settings(run.path)) is not None]
-               for name, runs in groups.items()}
-    return differences(configs, baseline)
+    return differences(group_configs(groups), baseline)
 
 
 def write_comparison(

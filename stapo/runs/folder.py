@@ -89,19 +89,21 @@ def load_run_config(path: Path):
 
     Read-only, and parsed once per version of the file: `stapo compare` asks for each run's config four times (its
     steps, its aggregation, its group, its settings), and parsing a verl config takes about 0.3 s, most of a
-    comparison's time over 30 runs before (20 s, 5 s after, on the 2-core Intel Xeon). A file written again (its
-    modification time or size changed) is read again."""
+    comparison's time. A file written again is read again: the key is the file's inode, change time, modification
+    time and size, so a replacement by rename (``os.replace``, a new inode and change time) is seen even when it
+    has the old file's size and modification time."""
     plain, packed = Path(path) / CONFIG, Path(path) / f"{CONFIG}.gz"
     for file in (plain, packed):
         if file.is_file():
             stat = file.stat()
-            return _parsed_config(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+            version = (stat.st_ino, stat.st_ctime_ns, stat.st_mtime_ns, stat.st_size)
+            return _parsed_config(str(file.resolve()), version)
     return None
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed_config(file: str, mtime_ns: int, size: int):
-    """One version of a run's config file, parsed (``mtime_ns`` and ``size`` only key the cache)."""
+def _parsed_config(file: str, version: tuple[int, int, int, int]):
+    """One version of a run's config file, parsed (``version`` only keys the cache)."""
     from omegaconf import OmegaConf
 
     data = Path(file).read_bytes()

@@ -121,3 +121,30 @@ def mixed_warning(found: dict) -> str | None:
 def _cell(value) -> str:
     text = str(value).replace("|", "\\|")
     return (text[:60] + "...") if len(text) > 63 else text
+
+
+TOKEN_MASK_KEY = "actor_rollout_ref.actor.policy_loss.token_mask"
+RULE_PATH_KEY = "stapo.custom_rule.path"
+
+
+def token_rules(groups: dict[str, list[dict[str, object]]]) -> dict[str, str]:
+    """Each group's token rule as its runs' config.yaml names it, a custom one with its file (``custom:NAME from
+    FILE``): the table's cell name alone need not say that a user's rule replaced the preset's. Empty unless some
+    group trains with a custom rule."""
+    rules = {}
+    for name, configs in groups.items():
+        if not configs:
+            continue
+        merged, _ = group_settings([{key: config.get(key, ABSENT) for key in (TOKEN_MASK_KEY, RULE_PATH_KEY)}
+                                    for config in configs])
+        rule = str(merged[TOKEN_MASK_KEY])
+        rules[name] = f"{rule} from {merged[RULE_PATH_KEY]}" if rule.startswith("custom:") else rule
+    return rules if any(rule.startswith("custom:") for rule in rules.values()) else {}
+
+
+def token_rules_markdown(rules: dict[str, str]) -> str:
+    """One line naming each group's token rule, when one of them is a user's."""
+    if not rules:
+        return ""
+    return ("\nToken rule of each group (`policy_loss.token_mask`): "
+            + "; ".join(f"{name}: `{_cell(rule)}`" for name, rule in rules.items()) + "\n\n")

@@ -55,6 +55,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from stapo.rundir import read_machine
@@ -383,10 +384,26 @@ def check_cells(runs: list[PlannedRun], common: list[str], paths: bool) -> list:
     for run in runs:
         try:
             configs.append(compose_run(run.overrides(common)))
-            check_run(configs[-1], paths=paths)
+            check_run(configs[-1], paths=paths, show_calls=False)  # a line a reward call, times the cells: too many
         except STAPOConfigError as error:
             raise STAPOConfigError(f"sweep cell {run.cell} seed {run.seed}: {error}") from None
     return configs
+
+
+def absolute_paths(common: list[str], runs: list[PlannedRun]) -> tuple[list[str], list[PlannedRun]]:
+    """The common and the cells' overrides with the relative paths of the files a run loads made absolute here
+    (``stapo.check.absolute_file_overrides``, said once each), the cells' names and folders unchanged."""
+    from stapo.check import absolute_file_overrides
+
+    common, notes = absolute_file_overrides(common)
+    planned = []
+    for run in runs:
+        cell, more = absolute_file_overrides(list(run.cell_overrides))
+        notes += [note for note in more if note not in notes]
+        planned.append(replace(run, cell_overrides=tuple(cell)))
+    for note in notes:
+        print(f"[sweep] {note}", flush=True)
+    return common, planned
 
 
 def main(argv: list[str]) -> int:
@@ -417,6 +434,8 @@ def main(argv: list[str]) -> int:
                 f"{prefix}<one of its values>, got {args.baseline!r}"
             )
     common = list(args.overrides)
+    if args.launcher == "local":  # every cell starts in its own run folder: a relative file path means this folder's
+        common, runs = absolute_paths(common, runs)
     meta = {"command": "stapo sweep " + shlex.join(argv), "grid": {a.key: list(a.values) for a in axes}}
     plans = {}
     if not args.compare_only and not args.no_check:

@@ -171,3 +171,26 @@ def test_runs_of_two_kinds_of_machine_are_compared_with_the_warning_first_on_std
                "runs of one seed are not paired bit for bit across kinds")
     assert f"[compare] warning: {warning}" in capsys.readouterr().err
     assert (tmp_path / "cmp" / "comparison.md").read_text().startswith(f"**Warning**: {warning}")
+
+
+def test_compare_names_a_custom_rule_and_its_file_for_each_group(tmp_path, capsys):
+    """A cell named ``algo=stapo`` may train with a user's rule: the comparison says which rule each group ran."""
+    rng = np.random.default_rng(0)
+    rule = "/abs/rules/my_rule.py"
+    for cell, extra in (("algo=stapo", "      token_mask: stapo\n"),
+                        ("mine", f"      token_mask: custom:my_rule\n  custom_rule:\n    path: {rule}\n")):
+        for seed in (1, 2):
+            run_dir = tmp_path / "runs" / cell.replace("=", "-") / f"seed-{seed}"
+            fake_run(run_dir, seed, cell, STEPS, rng)
+            write_config(run_dir, extra=extra)
+            if cell == "mine":  # the custom rule's path sits under stapo:, the mask under policy_loss:
+                text = (run_dir / "config.yaml").read_text().replace(f"  custom_rule:\n    path: {rule}\n", "")
+                text = text.replace(f"stapo:\n  run_dir: {run_dir}\n",
+                                    f"stapo:\n  run_dir: {run_dir}\n  custom_rule:\n    path: {rule}\n")
+                (run_dir / "config.yaml").write_text(text)
+    out = tmp_path / "cmp"
+    assert stapo(["compare", str(tmp_path / "runs"), "--baseline", "algo=stapo", "--out", str(out)]) == 0
+    capsys.readouterr()
+    document = json.loads((out / "comparison.json").read_text())
+    assert document["token_rules"] == {"algo=stapo": "stapo", "mine": f"custom:my_rule from {rule}"}
+    assert f"mine: `custom:my_rule from {rule}`" in (out / "comparison.md").read_text()

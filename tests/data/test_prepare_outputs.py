@@ -197,3 +197,28 @@ def test_a_failed_or_interrupted_write_leaves_the_old_files_whole(tmp_path, caps
     assert snapshot(out) == written
     assert refusal(capsys, custom(second, tmp_path / "fresh")).endswith("cannot write (No space left on device)")
     assert snapshot(tmp_path / "fresh") == {}
+
+
+def test_a_run_killed_while_writing_leaves_no_temporary_file_after_the_next_run(tmp_path, capsys):
+    """A kill runs no ``finally``: the killed writer's temporaries (this host's, its process gone) are removed by the
+    next run of the split, even one that is then refused; a live writer's and another host's are left."""
+    import socket
+    import subprocess
+
+    out = tmp_path / "out"
+    killed = ("import os, pathlib, sys\n"
+              "from stapo.data.outputs import split_files, write_together\n"
+              "def die(tmp):\n    tmp.write_bytes(b'half')\n    os._exit(9)\n"
+              "write_together({path: die for path in split_files(pathlib.Path(sys.argv[1]), 'train')})\n")
+    assert subprocess.run([sys.executable, "-c", killed, str(out)], check=False, timeout=120).returncode == 9
+    (left,) = out.glob(".train.parquet.*.tmp")
+    live = out / f".train.skipped.jsonl.{socket.gethostname()}-{os.getpid()}.0000.tmp"
+    other_host = out / ".train.summary.json.elsewhere-1.0000.tmp"
+    live.write_bytes(b"x")
+    other_host.write_bytes(b"x")
+    (out / "train.parquet").write_bytes(b"mine")  # the next run is refused (no --force), and cleans all the same
+    source = jsonl(tmp_path / "quiz.jsonl", ROWS)
+    assert "already exist(s)" in refusal(capsys, custom(source, out))
+    assert not left.exists() and live.exists() and other_host.exists()
+    assert stapo_main(["data", *custom(source, out, "--force")]) == 0
+    assert sorted(p.name for p in out.glob(".*.tmp")) == sorted([live.name, other_host.name])

@@ -362,3 +362,22 @@ def test_a_runs_config_is_parsed_once_a_version_read_only_and_read_again_once_re
     config.write_text("trainer:\n  total_training_steps: 16\n")  # the same size, a later time
     os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
     assert load_run_config(tmp_path).trainer.total_training_steps == 16
+
+
+def test_a_config_replaced_by_rename_with_the_same_size_and_time_is_read_again(tmp_path):
+    """A writer that renames a new file over the config (``os.replace``, as stapo.files does) may leave the old
+    size and modification time; the cache must still see a new version."""
+    import os
+
+    from stapo.runs.folder import load_run_config
+
+    config = tmp_path / "config.yaml"
+    config.write_text("trainer:\n  total_training_steps: 3\n")
+    assert load_run_config(tmp_path).trainer.total_training_steps == 3
+    stat = config.stat()
+    replacement = tmp_path / "new.yaml"
+    replacement.write_text("trainer:\n  total_training_steps: 4\n")  # the same size
+    os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the same modification time
+    os.replace(replacement, config)
+    assert (config.stat().st_size, config.stat().st_mtime_ns) == (stat.st_size, stat.st_mtime_ns)
+    assert load_run_config(tmp_path).trainer.total_training_steps == 4

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -94,7 +96,7 @@ def test_stapo_check_prints_the_values_a_user_looks_at_first(capsys, monkeypatch
                        "trainer.total_training_steps=50"]) == 0
     out = capsys.readouterr().out.splitlines()
     # conf/model_preset/_qwen3_paper.yaml and qwen3_8b.yaml, read by eye
-    assert out[-8:] == [
+    assert out[-9:] == [
         "[stapo] preset: model_preset=qwen3_8b, algo=grpo",
         "[stapo] device: cuda, 8 nodes x 8 GPUs = 64 GPUs (a Ray cluster of 8 nodes; RAY_ADDRESS is not set)",
         "[stapo] model: Qwen/Qwen3-8B-Base",
@@ -102,6 +104,8 @@ def test_stapo_check_prints_the_values_a_user_looks_at_first(capsys, monkeypatch
         "[stapo] steps: 50, validated every 20 steps and at the last and before training",
         "[stapo] rollout: vllm (async, tensor parallel 2)",
         "[stapo] reward: pkg://stapo.reward (compute_score)",
+        ("[stapo] seed: data.seed=1, actor_rollout_ref.rollout.seed=42: a sweep's seed S sets both to S, so no sweep "
+         "run pairs with this one (set both alike to pair)"),
         "OK",
     ]
     assert stapo_main(["check", "--no-paths", "model_preset=tiny", "trainer.total_training_steps=null",
@@ -110,6 +114,17 @@ def test_stapo_check_prints_the_values_a_user_looks_at_first(capsys, monkeypatch
     assert "[stapo] preset: model_preset=tiny, algo=stapo\n[stapo] device: cpu, 1 node x 1 worker\n" in out
     assert "[stapo] steps: trainer.total_epochs=1 pass(es) over the data, no validation\n" in out
     assert "[stapo] reward: verl's default_compute_score, by data_source\n" in out
+
+
+def test_the_summary_names_the_users_rule_and_says_when_a_sweep_run_is_this_runs_pair(capsys, monkeypatch):
+    """``algo=stapo`` alone would name a rule the run does not train with; a sweep's seed S sets both seeds."""
+    rule = Path(__file__).resolve().parents[2] / "recipe" / "stapo" / "examples" / "taco_weight.py"
+    assert stapo_main(["check", "--no-paths", "model_preset=tiny", f"stapo.custom_rule.path={rule}",
+                       "stapo.custom_rule.name=taco_weight", "actor_rollout_ref.rollout.seed=1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    preset = out.index("[stapo] preset: model_preset=tiny, algo=stapo")
+    assert out[preset + 1] == f"[stapo] token rule: custom:taco_weight from {rule} (replaces algo=stapo's rule)"
+    assert "[stapo] seed: 1 (data order and rollouts; a sweep's --seeds 1 run is this run's pair)" in out
 
 
 # ---------------------------------------------------------------- inputs that slipped through
@@ -272,3 +287,69 @@ def test_a_sweep_shows_its_overall_eta():
     second.line(5, {"timing_s/step": 4.0})  # 20 s left, then 2 runs at the finished run's 120 s
     assert clock.eta() == "4m20s"
     assert SweepClock(runs=4, parallel=2, finished_seconds=[100.0]).eta() == "2m30s"  # 3 x 100 s, 2 at once
+
+
+def test_a_relative_file_path_means_the_file_here_at_every_front_door(tmp_path, monkeypatch):
+    """The rule, the loss files and the reward alike: made absolute where the command is typed (a sweep's cells
+    start in their run folders), said in a note; names, schemes and absolute paths are kept."""
+    from stapo.check import absolute_file_overrides
+
+    monkeypatch.chdir(tmp_path)
+    given = ["stapo.custom_rule.path=rules/mine.py", "+stapo.custom_rule.path=/abs/mine.py",
+             "reward.custom_reward_function.path=pkg://stapo.reward",
+             "reward.custom_reward_function.path=file://my_reward.py", "stapo.import_files=[a.py, '/b.py']",
+             "stapo.import_files=[/a.py, /b.py]", "stapo.custom_rule.path=null", "~stapo.custom_rule.path",
+             "algo=stapo"]
+    done, notes = absolute_file_overrides(given)
+    assert done == [f"stapo.custom_rule.path={tmp_path}/rules/mine.py", given[1], given[2],
+                    f"reward.custom_reward_function.path={tmp_path}/my_reward.py",
+                    f"stapo.import_files=[{tmp_path}/a.py,/b.py]", *given[5:]]
+    assert notes == [f"stapo.custom_rule.path: a relative path, taken from this folder as {tmp_path}/rules/mine.py",
+                     (f"reward.custom_reward_function.path: a relative path, taken from this folder as "
+                      f"{tmp_path}/my_reward.py"),
+                     f"stapo.import_files: a relative path, taken from this folder as [{tmp_path}/a.py,/b.py]"]
+
+
+def test_a_local_sweeps_cells_get_the_absolute_paths_the_pre_check_read(tmp_path, monkeypatch, capsys):
+    from stapo.sweep.cli import absolute_paths
+    from stapo.sweep.grid import parse_axis, plan
+
+    monkeypatch.chdir(tmp_path)
+    runs = plan([parse_axis("stapo.custom_rule.path=a.py,/abs/b.py")], [1], tmp_path / "out")
+    common, planned = absolute_paths(["stapo.custom_rule.name=rule"], runs)
+    assert common == ["stapo.custom_rule.name=rule"]
+    assert [run.cell_overrides for run in planned] == [(f"stapo.custom_rule.path={tmp_path}/a.py",),
+                                                       ("stapo.custom_rule.path=/abs/b.py",)]
+    assert [(run.cell, run.run_dir) for run in planned] == [(run.cell, run.run_dir) for run in runs]
+    assert capsys.readouterr().out == (f"[sweep] stapo.custom_rule.path: a relative path, taken from this folder as "
+                                       f"{tmp_path}/a.py\n")
+
+
+def test_an_exit_inside_the_recipes_run_is_one_line_and_no_finished_run(capsys):
+    """``sys.exit(0)`` from inside the run (a user's file, a library) would read as a finished run: exit 1, one
+    line naming where it was called; another exit code is kept."""
+    from recipe.stapo.main_stapo import exited_early
+
+    def user_code():
+        sys.exit(0)
+
+    try:
+        user_code()
+    except SystemExit as error:
+        with pytest.raises(SystemExit) as ended:
+            exited_early(error)
+    assert ended.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("stapo: the run called sys.exit(0) at ") and f"{__file__}:" in line
+    with pytest.raises(SystemExit) as kept:
+        exited_early(SystemExit(3))
+    assert kept.value.code == 3
+
+
+def test_stapo_check_refuses_a_rule_that_exits_instead_of_ending_with_exit_0(tmp_path, capsys):
+    rule = tmp_path / "exits.py"
+    rule.write_text("import sys\n\n\ndef rule(response_mask, **_):\n    sys.exit(0)\n")
+    assert stapo_main(["check", "--no-paths", "model_preset=tiny", f"stapo.custom_rule.path={rule}",
+                       "stapo.custom_rule.name=rule"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"stapo: {rule}:5 (rule): raised on a synthetic batch of 8 x 32: SystemExit(0)")

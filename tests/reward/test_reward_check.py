@@ -284,3 +284,45 @@ def test_stapo_check_runs_it_after_the_data_checks(example_parquet, reward_file,
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"stapo: reward.custom_reward_function.path={broken}: {broken}:2: SyntaxError: '{{' was never closed "
         "(\"return {'score': 1.0 if solution_str == ground_truth else 0.0\")")
+
+
+def test_an_exit_in_the_reward_is_a_refusal_naming_the_line(run_config, reward_file, example_parquet):
+    """``SystemExit`` is no ``Exception``: unrefused, `stapo check` and the recipe would end with exit 0 unsaid."""
+    path = reward_file("import sys\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                       "    sys.exit(0)\n")
+    assert refusal(run_config(path)) == (
+        f"reward.custom_reward_function: compute_score called sys.exit(0) at {path}:4 on row 1 of {example_parquet} "
+        "(data_source='my_task', ground_truth='42', reply '42')"
+    )
+    at_import = reward_file("import sys\nsys.exit(0)\n", "exits.py")
+    assert refusal(run_config(at_import)).endswith(f"importing it calls sys.exit(0) at {at_import}:2: a reward must "
+                                                   "return, not exit")
+
+
+def test_each_call_is_one_line_and_the_calls_have_a_budget(run_config, reward_file, monkeypatch, capsys):
+    notes = check_reward(run_config(EXAMPLES / "my_reward.py"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[stapo] reward call 1: row 1, right answer, bare -> 0 (")
+    assert len(lines) == len([line for line in lines if line.startswith("[stapo] reward call ")]) > 1
+    assert f"({len(lines)} calls)" in notes[0]
+    path = reward_file("import time\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                       "    time.sleep(0.15)\n    return 1.0\n")
+    config = run_config(path)
+    config.stapo.reward_check_budget_s = 0.4
+    assert refusal(config).startswith(
+        "reward.custom_reward_function: compute_score's calls took more than stapo.reward_check_budget_s=0.4 s (2 "
+        "call(s) returned, the next on row 1 of")
+    config.stapo.reward_check_budget_s = 0
+    assert refusal(config) == "stapo.reward_check_budget_s must be a number of seconds > 0, got 0"
+
+
+def test_stapo_check_refuses_a_reward_that_exits(example_parquet, reward_file, capsys):
+    from stapo.cli import main as stapo_main
+
+    path = reward_file("import sys\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                       "    sys.exit(0)\n")
+    assert stapo_main(["check", "model_preset=tiny", "stapo.cpu_preset.allow_other_inputs=true",
+                       f"data.train_files={example_parquet}", f"data.val_files={example_parquet}",
+                       "trainer.total_training_steps=2", f"reward.custom_reward_function.path={path}"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        f"stapo: reward.custom_reward_function: compute_score called sys.exit(0) at {path}:4 on row 1 of")

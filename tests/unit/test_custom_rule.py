@@ -29,6 +29,7 @@ from stapo.algorithm.masks import (
     get_token_mask,
 )
 from stapo.algorithm.validation import STAPOConfigError
+from stapo.files import sha256_file
 from stapo.verl_plugin.preflight.custom_rule_check import check_rule, synthetic_batch
 from stapo.verl_plugin.training.custom_rule import (
     IMPORTS_ENV,
@@ -178,16 +179,23 @@ REFUSALS = [
     ("def rule(entropy, response_mask, **_):\n    entropy.mul_(2)\n    return response_mask\n",
      r"\.py:3 \(rule\): changes its input\(s\) \['entropy'\] in place"),
     ("def rule(response_mask, **_):\n    x = 1\n    return response_mask / 0 + undefined\n",
-     r"\.py:5 \(rule\): raised on a synthetic batch: NameError"),
+     r"\.py:5 \(rule\): raised on a synthetic batch of 8 x 32: NameError"),
     ("def rule(response_mask, **_):\n    return None\n", r"\.py:3 \(rule\): returned NoneType, not a tensor"),
     ("def rule(response_mask, tau):\n    return response_mask\n", r"takes a parameter 'tau' that is not passed"),
+    ("def rule(entropy, **_):\n    return entropy * 1e6\n",
+     r"\.py:3 \(rule\): returned \d+ weight\(s\) above max_weight=10 .*stapo.custom_rule.max_weight raises"),
+    ("import sys\ndef rule(response_mask, **_):\n    sys.exit(0)\n",
+     r"\.py:5 \(rule\): raised on a synthetic batch of 8 x 32: SystemExit\(0\): it calls sys.exit"),
+    ("def rule(response_mask, w=1.0):\n    return response_mask\n",
+     r"takes no keyword \['ww'\] \(stapo.custom_rule.kwargs\); the keywords it takes: \['w'\]"),
 ]
 
 
 @pytest.mark.parametrize(("body", "message"), REFUSALS)
 def test_a_rule_that_breaks_the_contract_is_refused_in_one_line(tmp_path, body, message):
+    setting = _rule_file(tmp_path, body, f"r{abs(hash(body))}.py")
     with pytest.raises(STAPOConfigError, match=message) as refused:
-        check_rule(_rule_file(tmp_path, body, f"r{abs(hash(body))}.py"))
+        check_rule(RuleSetting(setting.path, setting.name, {"ww": 0.5}) if "w=1.0" in body else setting)
     assert "\n" not in str(refused.value) and str(tmp_path) in str(refused.value)
 
 
@@ -246,9 +254,10 @@ def test_apply_to_run_names_the_rule_and_hands_the_files_to_every_process(monkey
     env = config.ray_kwargs.ray_init.runtime_env.env_vars
     assert config.actor_rollout_ref.actor.policy_loss.token_mask == "custom:s2t_rule"
     assert json.loads(env[RULE_ENV]) == {"path": S2T.path, "name": "s2t_rule", "kind": "mask",
-                                         "kwargs": {"tau_p": 0.005}, "fallback": S2T.path}
+                                         "kwargs": {"tau_p": 0.005}, "fallback": S2T.path,
+                                         "sha256": sha256_file(Path(S2T.path)), "max_weight": 10.0}
     loss = str(EXAMPLES / "my_loss.py")
-    assert json.loads(env[IMPORTS_ENV]) == [[loss, loss]] and env.OTHER == "1"
+    assert json.loads(env[IMPORTS_ENV]) == [[loss, loss, sha256_file(Path(loss))]] and env.OTHER == "1"
     assert os.environ[RULE_ENV] == env[RULE_ENV] and len(done) == 3
     config.ray_kwargs.ray_init.runtime_env.env_vars[RULE_ENV] = "something else"
     with pytest.raises(STAPOConfigError, match=f"env_vars.{RULE_ENV} is set by the recipe"):
@@ -345,3 +354,115 @@ def test_the_example_loss_sums_over_the_folded_mask_as_a_loop_reference():
         a = float(adv[i, j])
         want += max(-a * ratio, -a * min(max(ratio, 0.8), 1.2))
     assert float(loss) == pytest.approx(want / count, rel=1e-5) and math.isfinite(metrics["actor/ppo_kl"])
+
+
+# --- what every process runs is what the check saw -----------------------------------------------------------
+
+
+def test_a_weight_bound_is_a_setting_the_user_can_raise(tmp_path):
+    from omegaconf import OmegaConf
+
+    from stapo.verl_plugin.training.custom_rule import rule_setting
+
+    setting = _rule_file(tmp_path, "def rule(entropy, **_):\n    return entropy * 1e6\n", "big.py")
+    raised = RuleSetting(setting.path, "rule", {}, None, None, None, 1e9)
+    assert check_rule(raised).kind == "weight"
+    section = {"path": setting.path, "name": "rule"}
+    assert rule_setting(OmegaConf.create({"stapo": {"custom_rule": section}})).max_weight == 10.0
+    assert rule_setting(OmegaConf.create({"stapo": {"custom_rule": {**section, "max_weight": 1e9}}})).max_weight == 1e9
+    for bad in (0, -1, "x", True):
+        with pytest.raises(STAPOConfigError, match=r"stapo.custom_rule.max_weight must be a number > 0"):
+            rule_setting(OmegaConf.create({"stapo": {"custom_rule": {**section, "max_weight": bad}}}))
+
+
+def test_a_weight_above_the_bound_at_run_time_is_refused_on_every_rank():
+    CustomRule(lambda entropy, **_: entropy * 1e6, "custom:huge", "weight", where="huge.py:1 (huge)",
+               max_weight=10.0).register()
+    with pytest.raises(ValueError, match=r"huge\.py:1 \(huge\): returned \d+ weight\(s\) above max_weight=10"):
+        build_token_mask(_inputs(synthetic_batch()), MaskSettings(token_mask="custom:huge"))
+
+
+def test_a_file_edited_after_the_check_is_refused_where_it_is_loaded(tmp_path, monkeypatch):
+    """The digest the driver hands over is compared with the bytes a process is about to run, before they run."""
+    from stapo.verl_plugin.training import custom_rule as files
+
+    setting = _rule_file(tmp_path, "def rule(response_mask, **_):\n    return response_mask\n", "edited.py")
+    checked = check_rule(setting)
+    assert checked.sha256 == sha256_file(Path(setting.path)) and checked.sha256[:12] in checked.note()
+    handed = RuleSetting(setting.path, "rule", {}, "mask", setting.path, checked.sha256)
+    Path(setting.path).write_text(
+        "import torch\n\nRAN = True\ndef rule(response_mask, **_):\n    return ~response_mask\n")
+    for name in [n for n in sys.modules if n.startswith(files.MODULE_PREFIX + "edited_")]:
+        monkeypatch.delitem(sys.modules, name)  # a fresh process: nothing of the file loaded yet
+    with pytest.raises(STAPOConfigError, match=r"edited\.py: the file changed after the driver checked it") as refused:
+        register_rule(handed)
+    assert "\n" not in str(refused.value)
+    assert not any(n.startswith(files.MODULE_PREFIX + "edited_") for n in sys.modules)  # refused before it ran
+    monkeypatch.setenv(RULE_ENV, handed.to_env())  # a TaskRunner's check reads the digest from the job's environment
+    with pytest.raises(STAPOConfigError, match=r"the file changed after the driver checked it"):
+        check_rule(setting)
+
+
+def test_an_import_file_edited_after_the_check_is_refused_in_every_process(tmp_path, monkeypatch):
+    from stapo.verl_plugin.training.custom_rule import _import_files_from_env
+
+    loss = tmp_path / "loss_edited.py"
+    loss.write_text("X = 1\n")
+    monkeypatch.setenv(IMPORTS_ENV, json.dumps([[str(loss), str(loss), sha256_file(loss)]]))
+    loss.write_text("X = 2\n")
+    with pytest.raises(STAPOConfigError, match=r"stapo.import_files=.*loss_edited\.py: the file changed"):
+        _import_files_from_env(None)
+
+
+def test_an_exit_at_import_is_a_refusal_naming_the_line(tmp_path):
+    exits = _rule_file(tmp_path, "import sys\nsys.exit(0)\n", "exits.py")
+    with pytest.raises(STAPOConfigError, match=r"exits\.py:4: cannot import: SystemExit\(0\)"):
+        check_rule(exits)
+
+
+def test_a_rule_raising_in_a_worker_names_the_line_that_raised(tmp_path):
+    """Not the ``def`` line: the innermost frame in the user's file."""
+    setting = _rule_file(tmp_path, "def rule(entropy, **_):\n    x = entropy\n    return x.view(8, 32) > 0\n",
+                         "worker.py")
+    from stapo.verl_plugin.training.custom_rule import find_function, load_file
+
+    fn = find_function(load_file(setting.path, "stapo.custom_rule.path"), setting)
+    CustomRule(fn, "custom:worker", "mask", where=f"{setting.path}:3 (rule)").register()
+    with pytest.raises(ValueError, match=r"raised RuntimeError: .* at .*worker\.py:5$"):
+        build_token_mask(_inputs(_batch(0)), MaskSettings(token_mask="custom:worker"))
+
+
+def test_the_check_calls_the_rule_on_the_runs_own_shape(tmp_path):
+    """A rule written for the check's small batch fails on the run's: here, not minutes after Ray starts."""
+    from omegaconf import OmegaConf
+
+    from stapo.verl_plugin.preflight.custom_rule_check import MAX_CHECK_TOKENS, run_shape
+
+    setting = _rule_file(tmp_path, "def rule(response_mask, **_):\n    return response_mask.reshape(8, 32)\n",
+                         "fixed.py")
+    with pytest.raises(STAPOConfigError, match=r"fixed\.py:4 \(rule\): raised on a synthetic batch of 16 x 64"):
+        check_rule(setting, (16, 64))
+    assert check_rule(S2T, (16, 64)).shape == (16, 64)
+    config = OmegaConf.create({"data": {"train_batch_size": 4, "max_response_length": 100},
+                               "actor_rollout_ref": {"rollout": {"n": 3}}})
+    assert run_shape(config) == (12, 100)
+    config.data.max_response_length = MAX_CHECK_TOKENS // 2
+    assert run_shape(config) == (2, MAX_CHECK_TOKENS // 2)  # rows capped, the length kept
+
+
+def test_the_run_shaped_batch_is_ragged():
+    mask = synthetic_batch(16, 64)["response_mask"]
+    lengths = mask.sum(dim=1)
+    assert len(set(lengths.tolist())) > 2 and int(lengths[-1]) == 0 and mask.shape == (16, 64)
+
+
+@pytest.mark.slow  # starts a process: out of make test-fast
+def test_a_fresh_process_refuses_a_rule_file_that_is_not_the_one_checked():
+    """What a Ray worker does with a digest that does not match: the import that loads the rule fails, naming it."""
+    env = {**os.environ, RULE_ENV: RuleSetting(S2T.path, "s2t_rule", {}, "mask", S2T.path, "0" * 64).to_env()}
+    code = "import verl\nimport stapo.algorithm.masks\n"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=REPO,
+                         check=False)
+    assert out.returncode != 0
+    assert (f"STAPOConfigError: stapo.custom_rule.path={S2T.path}: the file changed after the driver checked it "
+            "(sha256 000000000000 checked") in out.stderr

@@ -8,8 +8,10 @@ in this process, the function's signature is bound to the keywords verl's reward
 wrong one. Each failure is one :class:`STAPOConfigError` line with the file, the line and the reason; a reward that
 scores the right answer no higher than a wrong one is a warning note (a reward may rightly need another format).
 Without a custom reward, verl scores by ``data_source`` with ``default_compute_score``: the data's sources are
-checked against the ones it knows. ``--no-paths`` / ``STAPO_SKIP_PATH_CHECKS=1`` (files only the workers see) skip
-the loading and the calls. ``stapo reward test`` (stapo/reward/cli.py) makes the same calls by hand.
+checked against the ones it knows. Each call is one short line as it returns, and the calls together have a budget,
+``stapo.reward_check_budget_s`` (a reward that slow holds every training step; one over it is refused in one
+line). ``--no-paths`` / ``STAPO_SKIP_PATH_CHECKS=1`` (files only the workers see) skip the loading and the calls.
+``stapo reward test`` (stapo/reward/cli.py) makes the same calls by hand.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ KEY = "reward.custom_reward_function"
 SKIP_ENV = "STAPO_SKIP_PATH_CHECKS"  # stapo.input_checks.SKIP_ENV
 ROWS = 3
 CALL_TIMEOUT_S = 60.0
+# all the calls together (up to ROWS x 3 formats x 2): a reward needing more holds each step's thousands of calls
+BUDGET_KEY, BUDGET_S = "stapo.reward_check_budget_s", 120.0
 # verl's naive / dapo / gdpo / limited / remote managers (verl/experimental/reward_loop/reward_manager/) pass these
 # by keyword; with a reward model's router also the two below
 VERL_KEYWORDS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -78,8 +82,9 @@ class Trial:
     result: Any = None
 
 
-def check_reward(config, paths: bool = True) -> list[str]:
-    """The reward of a composed run config, checked as above; its notes."""
+def check_reward(config, paths: bool = True, show_calls: bool = True) -> list[str]:
+    """The reward of a composed run config, checked as above; its notes. ``show_calls``: a line a call (a sweep
+    checking each of its cells leaves them out; the budget bounds them all the same)."""
     path = OmegaConf.select(config, f"{KEY}.path", default=None)
     reward_model = bool(OmegaConf.select(config, "reward.reward_model.enable", default=False))
     skipped = _skipped(paths)
@@ -108,8 +113,32 @@ def check_reward(config, paths: bool = True) -> list[str]:
     rows = read_rows(file, ROWS)
     if not rows:
         return [f"reward: {reward.label} loaded, its signature fits; not tried on rows: {file} has none"]
-    trials = try_rows(reward, rows, str(file))
+    trials = try_rows(reward, rows, str(file), on_trial=call_lines() if show_calls else None, budget_s=budget(config))
     return trial_notes(reward, trials, str(file))
+
+
+def budget(config) -> float:
+    """``stapo.reward_check_budget_s``: a number > 0, the seconds all the pre-flight's calls may take together."""
+    value = OmegaConf.select(config, BUDGET_KEY, default=None)
+    if value is None:
+        return BUDGET_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise STAPOConfigError(f"{BUDGET_KEY} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def call_lines() -> Callable[[Trial], None]:
+    """One short line a call, as it returns: its number, the row and reply, the score, the time."""
+    calls = [0]
+
+    def show(trial: Trial) -> None:
+        calls[0] += 1
+        reply = trial.reply
+        which = "given" if reply.right is None else f"{'right' if reply.right else 'wrong'} answer, {reply.form}"
+        print(f"[stapo] reward call {calls[0]}: row {trial.row_number}, {which} -> {trial.score:g} "
+              f"({1000.0 * trial.seconds:.1f} ms)", flush=True)
+
+    return show
 
 
 def _skipped(paths: bool) -> str | None:
@@ -159,7 +188,9 @@ def load_reward(path: str, name: str | None, reward_kwargs: dict[str, Any] | Non
             raise STAPOConfigError(f"{KEY}.path={path}: not a .py file (verl imports it as Python source)")
     try:
         module = load_module(path)
-    except Exception as error:  # verl: FileNotFoundError, RuntimeError from the import, an import error for pkg://
+    except KeyboardInterrupt:  # the user stopping the check, not the file's fault
+        raise
+    except BaseException as error:  # verl: FileNotFoundError, RuntimeError from the import, pkg://'s; an exit too
         raise STAPOConfigError(load_error(path, error)) from None
     if not hasattr(module, name):  # verl's load_extern_object: getattr(module, name)
         functions = sorted(key for key, value in vars(module).items()
@@ -193,6 +224,8 @@ def load_error(path: str, error: BaseException) -> str:
     if isinstance(cause, ModuleNotFoundError):
         return (f"{prefix}: importing it fails at {where}: no module named {cause.name!r} (install it here and on "
                 "every node)")
+    if isinstance(cause, SystemExit):
+        return f"{prefix}: importing it calls sys.exit({cause.code!r}) at {where}: a reward must return, not exit"
     return f"{prefix}: importing it raises {type(cause).__name__}: {one_line(cause, 120)} at {where}"
 
 
@@ -283,20 +316,23 @@ def call_reward(reward: RewardFunction, keywords: dict[str, Any], timeout_s: flo
     return box["result"], box["seconds"]
 
 
-def score_reply(reward: RewardFunction, row: dict[str, Any], number: int, reply: Reply, data: str) -> Trial:
+def score_reply(reward: RewardFunction, row: dict[str, Any], number: int, reply: Reply, data: str,
+                timeout_s: float | None = None) -> Trial:
     """One call on a row, as verl makes it; an exception or a score verl cannot use is refused with the row."""
     keywords = call_keywords(row, reply.text, reward.reward_kwargs)
     seen = (f"row {number} of {data} (data_source={one_line(repr(row.get('data_source')), 40)}, ground_truth="
             f"{one_line(repr(ground_truth(row)), 40)}, reply {one_line(repr(reply.text), 50)})")
     try:
-        result, seconds = call_reward(reward, keywords)
+        result, seconds = call_reward(reward, keywords, timeout_s)
     except TimeoutError as error:
         raise STAPOConfigError(f"{KEY}: {reward.name} {error} on {seen}") from None
-    except Exception as error:
-        raise STAPOConfigError(
-            f"{KEY}: {reward.name} raised {type(error).__name__}: {one_line(error, 100)} at "
-            f"{_raise_site(error, reward.source)} on {seen}"
-        ) from None
+    except KeyboardInterrupt:  # the user stopping the check, not the reward's fault
+        raise
+    except BaseException as error:  # an exit too: verl's reward worker would die of it, and the check exit 0
+        what = f"called sys.exit({error.code!r})" if isinstance(error, SystemExit) else \
+            f"raised {type(error).__name__}: {one_line(error, 100)}"
+        site = _raise_site(error, reward.source)
+        raise STAPOConfigError(f"{KEY}: {reward.name} {what} at {site} on {seen}") from None
     try:
         score = score_of(result)
     except ValueError as error:
@@ -305,13 +341,24 @@ def score_reply(reward: RewardFunction, row: dict[str, Any], number: int, reply:
 
 
 def try_rows(reward: RewardFunction, rows: list[dict[str, Any]], data: str, replies: list[str] | None = None,
-             on_trial: Callable[[Trial], None] | None = None) -> list[Trial]:
+             on_trial: Callable[[Trial], None] | None = None, budget_s: float | None = None) -> list[Trial]:
     """The reward on each row: the given ``replies``, or the row's own answer and a wrong one in each format of
-    stapo/reward/trial.py until the right one scores higher. ``on_trial`` sees each call as it returns."""
+    stapo/reward/trial.py until the right one scores higher. ``on_trial`` sees each call as it returns; with
+    ``budget_s`` the calls together are refused past that many seconds."""
     trials: list[Trial] = []
+    deadline = None if budget_s is None else time.monotonic() + budget_s
 
     def score(row: dict[str, Any], number: int, reply: Reply) -> Trial:
-        trial = score_reply(reward, row, number, reply, data)
+        left = None if deadline is None else deadline - time.monotonic()
+        try:
+            if left is not None and left <= 0:
+                raise STAPOConfigError("no time left")
+            trial = score_reply(reward, row, number, reply, data,
+                                None if left is None or left >= CALL_TIMEOUT_S else left)
+        except STAPOConfigError:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise over_budget(reward, budget_s, len(trials), number, data) from None
+            raise
         trials.append(trial)
         if on_trial is not None:
             on_trial(trial)
@@ -326,6 +373,14 @@ def try_rows(reward: RewardFunction, rows: list[dict[str, Any]], data: str, repl
             if score(row, number, right).score > score(row, number, wrong).score:
                 break
     return trials
+
+
+def over_budget(reward: RewardFunction, budget_s: float, done: int, number: int, data: str) -> STAPOConfigError:
+    return STAPOConfigError(
+        f"{KEY}: {reward.name}'s calls took more than {BUDGET_KEY}={budget_s:g} s ({done} call(s) returned, the next "
+        f"on row {number} of {data}): every training step waits on thousands of such calls; make the reward faster "
+        f"or raise {BUDGET_KEY}"
+    )
 
 
 def separating_pairs(trials: list[Trial]) -> list[tuple[Trial, Trial]]:

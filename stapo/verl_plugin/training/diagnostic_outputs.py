@@ -16,7 +16,7 @@ from typing import Any
 
 from stapo.algorithm.ablation import DEFAULT_QS, DEFAULT_TAU_PS, threshold_grid
 from stapo.algorithm.token_sample import token_sample
-from stapo.spurious_log import LOG_NAME, append_jsonl
+from stapo.spurious_log import DOWNWEIGHTED_NAME, LOG_NAME, append_jsonl
 
 ABLATION_PREFIX = "actor/stapo/ablation/"
 SAMPLE_NAME = "token_samples.jsonl"
@@ -45,6 +45,11 @@ class SpuriousTokenLog:
 
     def wants(self, step: int) -> bool:
         return self.path is not None and step % self.every == 0
+
+    @property
+    def downweighted_path(self) -> Path | None:
+        """Where a custom weight rule's down-weighted tokens go, beside the silenced ones."""
+        return self.path.with_name(DOWNWEIGHTED_NAME) if self.path is not None else None
 
 
 @dataclass(frozen=True)

@@ -102,10 +102,16 @@ class DriverDiagnostics:
         custom_mask = self.spec.name.startswith("custom:") and not self.spec.weighted
         return (self.spec.name == "stapo" or custom_mask) and self.settings.folded
 
+    @property
+    def downweights(self) -> bool:
+        """Whether the folded rule is a custom weight: its tokens below weight 1 are logged as S2T's silenced ones
+        are (``spurious_log.DOWNWEIGHTED_NAME``), or a user would not see what the rule did."""
+        return self.spec.name.startswith("custom:") and self.spec.weighted and self.settings.folded
+
     def plan(self, step: int) -> StepPlan:
         ablation = self.diagnostics.ablation_wanted(step)
         sample = self.diagnostics.sample_wanted(step)
-        log_tokens = self.spurious_log.wants(step) and self.silences
+        log_tokens = self.spurious_log.wants(step) and (self.silences or self.downweights)
         return StepPlan(ablation, sample, log_tokens)
 
     def round_trip(self, step: int, keys: list[str], partition_id: str, reward_extra: bool = True) -> RoundTripResult:
@@ -164,7 +170,7 @@ class DriverDiagnostics:
             result.metrics[ENTROPY_MAX] = float(entropy[response_mask].nan_to_num(nan=-math.inf).max())
         stats = flat_token_stats(token_stats, offsets)
         clock.lap("flatten")
-        silenced = torch.zeros_like(response_mask)
+        silenced, weight = torch.zeros_like(response_mask), None
         if (plan.needs_mask or stats is not None) and self.settings.folded:
             # the mask the workers folded this step: same function, same inputs, same scopes, same result
             inputs = MaskInputs(response_mask, advantages, log_prob, entropy, offsets=offsets)
@@ -173,7 +179,7 @@ class DriverDiagnostics:
                 built = build_token_mask_in_parts(inputs, self.settings, token_parts(row_index, offsets), parts)
             else:
                 built = build_token_mask(inputs, self.settings)
-            silenced = built.drop_response
+            silenced, weight = built.drop_response, built.weight
             self.last_dropped = (step, count(response_mask & silenced))
             clock.lap("mask")
         if stats is not None:
@@ -181,7 +187,11 @@ class DriverDiagnostics:
             result.metrics.update(tail_metrics(stats, response_mask, advantages, log_prob, entropy, self.settings,
                                                would_be))
             clock.lap("tail")
-        if plan.log_tokens:
+        if plan.log_tokens and self.downweights and weight is not None:
+            self._log_tokens(step, response_mask & (weight < 1), offsets, flat, log_prob, entropy, fetch_responses,
+                             weight)
+            clock.lap("log")
+        elif plan.log_tokens:
             self._log_tokens(step, silenced, offsets, flat, log_prob, entropy, fetch_responses)
             clock.lap("log")
         if plan.ablation:
@@ -191,9 +201,10 @@ class DriverDiagnostics:
             self.diagnostics.write_sample(step, log_prob, entropy, advantages, response_mask, silenced)
             clock.lap("sample")
 
-    def _log_tokens(self, step, spurious, offsets, flat, log_prob, entropy, fetch_responses) -> None:
+    def _log_tokens(self, step, spurious, offsets, flat, log_prob, entropy, fetch_responses, weight=None) -> None:
         """``SpuriousTokenLog``'s records from the flat mask: the rows holding a kept token (at most
-        ``max_tokens``) are fetched and padded, and each record names its row of the batch."""
+        ``max_tokens``) are fetched and padded, and each record names its row of the batch. With ``weight`` (a
+        custom weight rule's, flat) the records carry their token's weight and go to the down-weighted file."""
         log = self.spurious_log
         positions = spread_positions(spurious, log.max_tokens)
         if positions.numel() == 0:
@@ -223,7 +234,9 @@ class DriverDiagnostics:
         )
         for record in records:
             record["sample"] = int(picked[record["sample"]])
-        append_jsonl(log.path, records)
+            if weight is not None:
+                record["weight"] = float(weight[int(offsets[record["sample"]]) + record["position"]])
+        append_jsonl(log.path if weight is None else log.downweighted_path, records)
 
 
 def reward_extra_means(extra_fields: list) -> dict[str, float]:
