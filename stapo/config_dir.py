@@ -15,6 +15,7 @@ from pathlib import Path
 
 CONFIG_NAME = "stapo_trainer"
 FOLDER_NAME_RESOLVER = "stapo.folder_name"
+CHECKPOINTS_RESOLVER = "stapo.checkpoints"
 
 
 def folder_name(path) -> str:
@@ -25,12 +26,21 @@ def folder_name(path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", last).strip("._") or "model"
 
 
+def checkpoints_folder(run_dir, fallback) -> str:
+    """``${stapo.checkpoints:RUN_DIR,FALLBACK}``: a run is one folder, so its checkpoints live in its run folder
+    (``RUN_DIR/checkpoints``) where ``stapo.run_dir`` is set, and two run folders never share a checkpoint folder;
+    without a run folder, ``FALLBACK`` (conf/stapo_trainer.yaml)."""
+    return f"{str(run_dir).rstrip('/')}/checkpoints" if run_dir else str(fallback)
+
+
 def register_resolvers() -> None:
     """The recipe's own resolver, registered wherever the config is composed (every composer imports this module)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver(FOLDER_NAME_RESOLVER):
         OmegaConf.register_new_resolver(FOLDER_NAME_RESOLVER, folder_name)
+    if not OmegaConf.has_resolver(CHECKPOINTS_RESOLVER):
+        OmegaConf.register_new_resolver(CHECKPOINTS_RESOLVER, checkpoints_folder)
 
 
 register_resolvers()

@@ -33,13 +33,17 @@ def prepare(config: DictConfig) -> DictConfig:
     from stapo.rundir import write_config, write_machine
     from stapo.runs.machine import model_from_another_kind, run_machine
     from stapo.verl_plugin.cpu import enable_for_run
-    from stapo.verl_plugin.preflight.checkpoint_identity import check_checkpoint_identity, write_identity
+    from stapo.verl_plugin.preflight.checkpoint_identity import check_checkpoint_identity, hand_to_trainer, run_identity
     from stapo.verl_plugin.preflight.cluster_shape import check_cluster_shape
     from stapo.verl_plugin.preflight.run_checks import check_model_for_rollout, validate_run_config
+    from stapo.verl_plugin.preflight.run_paths import settle_run_paths
     from stapo.verl_plugin.registration import assert_registered
     from stapo.verl_plugin.reproducible.seeding import pin_reproducibility
     from stapo.verl_plugin.training.loggers import prepare_loggers
 
+    # the run's folders absolute, before anything reads them: the checkpoint folder from the model path as given
+    # (before a local model's name becomes its cache folder), the same absolute path in every process
+    settle_run_paths(config)
     # a CPU preset with another model, data or device: refused before the back-end's own device checks
     check_preset_fit(config)
     # the driver already imported verl: the CPU back-end is switched on here (when asked, or for
@@ -71,12 +75,6 @@ def prepare(config: DictConfig) -> DictConfig:
 
     for note in check_reward(config):
         print(f"[stapo] {note}", flush=True)
-    # another run's checkpoints are not resumed; this run's identity is recorded where verl saves (the model path as
-    # given, before the local model's name becomes its cache folder)
-    if note := check_checkpoint_identity(config):
-        print(f"[stapo] {note}", flush=True)
-    if note := write_identity(config):
-        print(f"[stapo] {note}", flush=True)
     stapo = config.stapo
     with open_dict(config):
         config.actor_rollout_ref.model.path = resolve_model_path(config.actor_rollout_ref.model.path)
@@ -95,9 +93,15 @@ def prepare(config: DictConfig) -> DictConfig:
     run_dir = prepare_loggers(config)
     # resolve here: ${hydra:...} and ${oc.env:...} mean the driver's values, the remote has no Hydra
     OmegaConf.resolve(config)
+    # what the run is, from the config verl receives: another run's checkpoints are not resumed; the trainer records
+    # it in the checkpoint folder at each save (nothing is written there before the first)
+    identity = run_identity(config)
+    if note := check_checkpoint_identity(config, identity):
+        print(f"[stapo] {note}", flush=True)
     if run_dir is not None:
         write_config(config, run_dir)
         write_machine(machine, run_dir)  # the sweep's record takes it from here, on whichever node the driver ran
+    hand_to_trainer(config, identity)
     return config
 
 
@@ -156,9 +160,23 @@ def hydra_main(config: DictConfig) -> None:
         run(config)
     except STAPOConfigError as error:
         refuse(error)
+    except SystemExit as error:
+        exited_early(error)
     except Exception:  # a failure of the run: its traceback, without Hydra's echo of the overrides
         traceback.print_exc()
         sys.exit(1)
+
+
+def exited_early(error: SystemExit) -> None:
+    """A ``sys.exit`` inside the run (a user's file, a library) ends it unfinished: a code of 0 or None would read
+    as a finished run, so it is one line naming where the exit was called, and exit code 1; another code is kept."""
+    if error.code not in (None, 0):
+        raise error
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "(unknown)"
+    print(f"stapo: the run called sys.exit({error.code!r}) at {where} before it finished: not a finished run",
+          file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def main() -> None:

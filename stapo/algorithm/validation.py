@@ -29,6 +29,9 @@ LOPTI_ETA = 0.5
 class STAPOConfigError(ValueError):
     """A STAPO setting is out of range or contradicts another setting."""
 
+    # True: the message is a headline and one line per item (the keys a checkpoint's run differs in), kept as lines
+    keeps_lines = False
+
 
 def is_finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -94,5 +97,9 @@ def did_you_mean(word: Any, choices) -> str:
 
 
 def refusal_line(error: BaseException) -> str:
-    """The one line a refused setting is reported with, on every command: ``stapo: <message>``."""
+    """The one line a refused setting is reported with, on every command: ``stapo: <message>`` (an error that
+    lists items keeps one line each, after its headline)."""
+    if getattr(error, "keeps_lines", False):
+        head, *items = [" ".join(line.split()) for line in str(error).splitlines() if line.strip()]
+        return "stapo: " + "".join([head, *(f"\n  {item}" for item in items)])
     return "stapo: " + " ".join(str(error).split())

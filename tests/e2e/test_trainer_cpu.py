@@ -95,8 +95,24 @@ def test_stapo_trains_and_checkpoints(stapo_run):
         assert "transfer_queue" not in saved, saved
     assert "gen_batch_size defaulted to 1" not in first.log
     assert _first_shard_changed(ckpt, 4, build_tiny_model())
+    _assert_the_folder_records_this_run(stapo_run)
     assert first.peak_rss_bytes < 8 * GIB, f"peak RSS {first.peak_rss_bytes / GIB:.2f} GiB"
     print(f"[e2e] stapo ws=1, 4 steps: {first.seconds:.0f} s, peak RSS {first.peak_rss_bytes / GIB:.2f} GiB")
+
+
+def _assert_the_folder_records_this_run(shared) -> None:
+    """The trainer recorded the run at its saves, and the record is the identity ``stapo check`` works out from the
+    same overrides: the run resumes as its own, the same command with another learning rate is refused."""
+    from stapo.algorithm.validation import STAPOConfigError
+    from stapo.check import compose_run
+    from stapo.verl_plugin.preflight.checkpoint_identity import IDENTITY_FILE, check_checkpoint_identity
+
+    record = json.loads((shared.ckpt / IDENTITY_FILE).read_text())
+    assert record["steps"] == [2, 4] and record["saving"] is None and record["earlier"] == [], record["steps"]
+    again = ["model_preset=tiny", f"trainer.default_local_dir={shared.ckpt}", *shared.overrides]
+    assert "saved by this run" in check_checkpoint_identity(compose_run([*again, "trainer.total_training_steps=6"]))
+    with pytest.raises(STAPOConfigError, match=r"\n  actor_rollout_ref.actor.optim.lr: 0.001 -> 0.002"):
+        check_checkpoint_identity(compose_run([*again, "actor_rollout_ref.actor.optim.lr=0.002"]))
 
 
 def test_stapo_with_two_fsdp_ranks_over_gloo(stapo_two_ranks_run):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +95,8 @@ def test_the_stand_in_base_is_the_image_locks_torch_and_vllm_part():
 
 
 def test_lock_entries_reads_a_multi_line_entry_and_skips_comments():
-    text = "# header\nfoo-Bar==1.0 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via x\nbaz==2 \\\n    --hash=sha256:b\n"
+    text = ("# header\nfoo-Bar==1.0 \\\n    --hash=sha256:" + "a" * 64
+            + "\n    # via x\nbaz==2 \\\n    --hash=sha256:b\n")
     assert lock_entries(text) == {"foo-bar": "foo-Bar==1.0 \\\n    --hash=sha256:" + "a" * 64,
                                   "baz": "baz==2 \\\n    --hash=sha256:b"}
 

@@ -28,6 +28,7 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo.algorithm.masks import finalize_metrics, get_token_mask
 from stapo.verl_plugin.cpu.rollout import announce_submissions
+from stapo.verl_plugin.preflight.checkpoint_identity import begin_save, end_save
 from stapo.verl_plugin.preflight.run_checks import validate_run_config
 from stapo.verl_plugin.training.actor_worker import STAPOActorWorker
 from stapo.verl_plugin.training.diagnostic_outputs import GridAndSample, SpuriousTokenLog
@@ -182,6 +183,14 @@ class STAPOTrainer(PPOTrainerSync):
         timeout_s = self.config.get("stapo", {}).get("weight_sync_timeout_s", DEFAULT_TIMEOUT_S)
         with_deadline(self.checkpoint_manager, float(timeout_s))
         super().on_init_end()
+
+    def _save_checkpoint(self):
+        """verl's save, with the folder's record of the run that saved it (``stapo_run.json``): the step marked as
+        being saved before verl writes, listed as this run's once verl's tracker names it, so that a kill at any
+        point leaves a record that agrees with the checkpoint verl would resume."""
+        begin_save(self.config, self.global_steps)
+        super()._save_checkpoint()
+        end_save(self.config, self.global_steps)
 
     def _compute_advantage(self, batch, metrics: dict):
         """verl's advantages, then the driver's round trip: reward extras and the due diagnostics."""
