@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -167,12 +168,18 @@ def hydra_main(config: DictConfig) -> None:
         sys.exit(1)
 
 
+# libraries that put their own hook in place of sys.exit (wandb does, once a run of it started in the process): the
+# frame that called sys.exit is the one before the hook's
+EXIT_HOOKS = ("wandb/sdk/lib/exit_hooks.py",)
+
+
 def exited_early(error: SystemExit) -> None:
     """A ``sys.exit`` inside the run (a user's file, a library) ends it unfinished: a code of 0 or None would read
     as a finished run, so it is one line naming where the exit was called, and exit code 1; another code is kept."""
     if error.code not in (None, 0):
         raise error
-    frames = traceback.extract_tb(error.__traceback__)
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if not Path(frame.filename).as_posix().endswith(EXIT_HOOKS)]
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "(unknown)"
     print(f"stapo: the run called sys.exit({error.code!r}) at {where} before it finished: not a finished run",
           file=sys.stderr, flush=True)

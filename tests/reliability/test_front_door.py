@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import traceback
 from importlib.metadata import version
 from pathlib import Path
 
@@ -353,3 +354,26 @@ def test_stapo_check_refuses_a_rule_that_exits_instead_of_ending_with_exit_0(tmp
                        "stapo.custom_rule.name=rule"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"stapo: {rule}:5 (rule): raised on a synthetic batch of 8 x 32: SystemExit(0)")
+
+
+def test_an_exit_through_wandbs_hook_names_the_callers_line(capsys):
+    """Once wandb has started in the process, sys.exit is wandb's hook, which raises from its own file: the line
+    named is the caller's, not the hook's."""
+    from wandb.sdk.lib.exit_hooks import ExitHooks
+
+    from recipe.stapo.main_stapo import exited_early
+
+    hooks = ExitHooks()
+    hooks._orig_exit = sys.exit
+
+    def user_code():
+        hooks.exit(0)
+
+    try:
+        user_code()
+    except SystemExit as error:
+        assert any(frame.filename.endswith("exit_hooks.py") for frame in traceback.extract_tb(error.__traceback__))
+        with pytest.raises(SystemExit):
+            exited_early(error)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"{__file__}:" in line and "exit_hooks.py" not in line
