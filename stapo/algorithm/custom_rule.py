@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,13 +94,20 @@ def parameters_problem(fn: Callable) -> str | None:
     return None
 
 
-def kwargs_problem(fn: Callable, kwargs: dict) -> str | None:
-    """Which of the fixed ``kwargs`` ``fn`` does not take (a misspelt keyword is otherwise never passed), or None."""
+def named_parameters(fn: Callable):
+    """``fn``'s parameters when it names every keyword it takes; None when it takes ``**kwargs`` (any keyword) or
+    its signature cannot be read (then nothing can be said about its keywords)."""
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return None
-    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+    return None if any(p.kind is p.VAR_KEYWORD for p in parameters.values()) else parameters
+
+
+def kwargs_problem(fn: Callable, kwargs: dict) -> str | None:
+    """Which of the fixed ``kwargs`` ``fn`` does not take (a misspelt keyword is otherwise never passed), or None."""
+    parameters = named_parameters(fn)
+    if parameters is None:
         return None
     unknown = sorted(set(kwargs) - set(parameters))
     if not unknown:
@@ -109,14 +117,25 @@ def kwargs_problem(fn: Callable, kwargs: dict) -> str | None:
     return f"takes no keyword {unknown} (stapo.custom_rule.kwargs); the keywords it takes: {own}"
 
 
+def raising_line(error: BaseException, path: str) -> int | None:
+    """The line of the innermost frame of ``error`` in the file ``path`` (the line that raised, not the ``def``),
+    or None when the error did not pass through that file."""
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if _same_file(frame.filename, path)]
+    return lines[-1] if lines else None
+
+
+def _same_file(filename: str, path: str) -> bool:
+    try:
+        return os.path.samefile(filename, path)
+    except OSError:  # a frame of no file on disk (<string>, a deleted file)
+        return False
+
+
 def raise_site(error: BaseException, fn: Callable) -> str | None:
-    """``file:line`` of the innermost frame of ``error`` in ``fn``'s own file (the line that raised, not the
-    ``def``), or None when the error did not pass through that file."""
+    """``file:line`` of the line in ``fn``'s own file that raised, or None when the error did not pass through it."""
     code = getattr(fn, "__code__", None)
-    if code is None:
-        return None
-    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == code.co_filename]
-    return f"{code.co_filename}:{lines[-1]}" if lines else None
+    line = raising_line(error, code.co_filename) if code is not None else None
+    return f"{code.co_filename}:{line}" if line else None
 
 
 def describe_raise(error: BaseException, fn: Callable) -> str:
@@ -131,11 +150,8 @@ def describe_raise(error: BaseException, fn: Callable) -> str:
 def call_arguments(fn: Callable, tensors: dict[str, torch.Tensor], quantile, kwargs: dict) -> dict:
     """The keywords ``fn`` accepts: every tensor and the helper when it takes ``**kwargs``, else those it names."""
     offered = {**tensors, HELPER_NAME: quantile, **kwargs}
-    try:
-        parameters = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return offered
-    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+    parameters = named_parameters(fn)
+    if parameters is None:
         return offered
     return {name: value for name, value in offered.items() if name in parameters}
 

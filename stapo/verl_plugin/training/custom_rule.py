@@ -28,7 +28,6 @@ import json
 import math
 import os
 import sys
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -225,15 +224,10 @@ def error_location(error: BaseException, path: str) -> str:
     """``file:line`` of ``error`` in ``path`` (the innermost frame there), or the file alone."""
     if isinstance(error, SyntaxError) and error.filename and os.path.samefile(error.filename, path):
         return f"{path}:{error.lineno}"
-    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if _same(frame.filename, path)]
-    return f"{path}:{lines[-1]}" if lines else path
+    from stapo.algorithm.custom_rule import raising_line
 
-
-def _same(filename: str, path: str) -> bool:
-    try:
-        return os.path.samefile(filename, path)
-    except OSError:
-        return False
+    line = raising_line(error, path)
+    return f"{path}:{line}" if line else path
 
 
 def describe_error(error: BaseException) -> str:
