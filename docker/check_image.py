@@ -60,12 +60,12 @@ def registration_problems() -> list[str]:
 
 def lock_problems(lock: Path) -> list[str]:
     sys.path.insert(0, str(HERE))
-    from install_lock import HELD, lock_entries
+    from install_lock import HELD, lock_entries, locked_version
 
     strict = os.environ.get("STAPO_STANDIN_BASE") == "1"
     problems = []
     for name, entry in lock_entries(lock.read_text(encoding="utf-8")).items():
-        wanted, found = entry.split()[0].split("==")[1], installed(name)
+        wanted, found = locked_version(entry), installed(name)
         if found == wanted:
             continue
         if HELD.match(name) and not strict:

@@ -47,6 +47,11 @@ def lock_entries(text: str) -> dict[str, str]:
     return entries
 
 
+def locked_version(entry: str) -> str:
+    """The version an entry of :func:`lock_entries` pins (``name==version`` and its hash lines)."""
+    return entry.split()[0].split("==")[1]
+
+
 def held_versions() -> dict[str, str]:
     found = {normalise(dist.metadata["Name"]): dist.version for dist in distributions()}
     return {name: version for name, version in found.items() if HELD.match(name)}
@@ -66,7 +71,7 @@ def install_dependencies(project: str) -> int:
     entries = lock_entries(lock.read_text(encoding="utf-8"))
     held = held_versions()
     for name in sorted(held):
-        pinned = entries[name].split()[0].split("==")[1] if name in entries else "not in the lock"
+        pinned = locked_version(entries[name]) if name in entries else "not in the lock"
         if pinned != held[name]:
             print(f"install_lock: held from the base: {name} {held[name]} (the lock has {pinned})")
     wanted = [entry for name, entry in entries.items() if name not in held]

@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 REPO = Path(__file__).resolve().parents[2]
 LOCKS = REPO / "docker" / "lock"
 sys.path.insert(0, str(REPO / "docker"))
-from install_lock import HELD, lock_entries, normalise  # noqa: E402
+from install_lock import HELD, lock_entries, locked_version, normalise  # noqa: E402
 
 IMAGE_LOCKS = ("py311.txt", "py312.txt")
 # what the image takes from its own stack rather than the CPU suite's pins (docker/lock.sh says why)
@@ -28,7 +28,11 @@ IMAGE_OWN = {"torch", "triton", "transformers", "vllm", "apache-tvm-ffi", "xgram
 
 
 def pins(name: str) -> dict[str, str]:
-    return {n: entry.split()[0].split("==")[1] for n, entry in lock_entries((LOCKS / name).read_text()).items()}
+    return versions((LOCKS / name).read_text())
+
+
+def versions(lock_text: str) -> dict[str, str]:
+    return {name: locked_version(entry) for name, entry in lock_entries(lock_text).items()}
 
 
 def image_in() -> dict[str, str]:
@@ -113,5 +117,4 @@ def test_the_lock_is_still_a_resolution_of_image_in(tmp_path):
          "-c", str(LOCKS / "py311.txt"), "-o", str(out)],
         capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
-    again = {n: e.split()[0].split("==")[1] for n, e in lock_entries(out.read_text()).items()}
-    assert again == pins("py311.txt")
+    assert versions(out.read_text()) == pins("py311.txt")
